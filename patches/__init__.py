@@ -1,7 +1,11 @@
 """sglang_dspark.patches (installed from the repository's top-level `patches/` folder)."""
 
 if __name__ == "patches":
-    # The repository root is on sys.path (e.g. `python -m` run from a checkout) and something imported the
-    # top-level name `patches`, which belongs to other distributions. Refuse, so that a `try: import patches` elsewhere
-    # sees a missing module instead of ours.
-    raise ImportError("'patches' here is sglang_dspark.patches, not a top-level package; import sglang_dspark.patches instead.")
+    # Imported as the top-level name `patches` because a checkout's root is on sys.path (`python -m` run from it).
+    # That name can belong to another distribution (`kernels` is one SGLang and transformers probe for), so
+    # look like an unusable, version-0 install: version checks reject it and `from patches import x` fails with
+    # ImportError, which is what their "is it installed?" code expects.
+    __version__ = "0.0.0"
+
+    def __getattr__(name):
+        raise AttributeError(f"'patches' on sys.path here is the folder of sglang_dspark.patches; it has no {name!r}")

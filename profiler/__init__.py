@@ -1,7 +1,11 @@
 """sglang_dspark.profiler (installed from the repository's top-level `profiler/` folder)."""
 
 if __name__ == "profiler":
-    # The repository root is on sys.path (e.g. `python -m` run from a checkout) and something imported the
-    # top-level name `profiler`, which belongs to other distributions. Refuse, so that a `try: import profiler` elsewhere
-    # sees a missing module instead of ours.
-    raise ImportError("'profiler' here is sglang_dspark.profiler, not a top-level package; import sglang_dspark.profiler instead.")
+    # Imported as the top-level name `profiler` because a checkout's root is on sys.path (`python -m` run from it).
+    # That name can belong to another distribution (`kernels` is one SGLang and transformers probe for), so
+    # look like an unusable, version-0 install: version checks reject it and `from profiler import x` fails with
+    # ImportError, which is what their "is it installed?" code expects.
+    __version__ = "0.0.0"
+
+    def __getattr__(name):
+        raise AttributeError(f"'profiler' on sys.path here is the folder of sglang_dspark.profiler; it has no {name!r}")

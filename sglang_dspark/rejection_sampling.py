@@ -53,7 +53,8 @@ def chain_speculative_sampling_torch(
       * ``uniform_samples_for_final_sampling`` ``(B,)`` float: one coin per request for the resampled/bonus token.
       * ``target_probs`` ``(B, >=S, V)``: row ``k`` is the target distribution after drafts ``1..k`` (row 0 after the
         anchor). ``draft_probs`` ``(B, >=S-1, V)``: row ``k-1`` is the draft distribution draft token ``k`` was
-        drawn from. Any strides; bf16/fp16 are upcast to fp32 (the kernel also computes in fp32).
+        drawn from. Any strides. The accept test uses torch's type promotion (the same as Triton's: fp32 coin times
+        bf16 q is fp32); the residual and the CDF are computed in fp32 (fp64 inputs stay fp64).
       * ``retrive_next_token``, ``retrive_next_sibling`` (may be ``None``), ``threshold_single``, ``threshold_acc``,
         ``deterministic``: accepted and ignored, exactly as the Triton kernel ignores them (the thresholds only
         matter for SGLang's CUDA tree sampler).
@@ -100,6 +101,8 @@ def chain_speculative_sampling_torch(
         reuses ``m_k`` (computed from the raw ``q``) as the normaliser of a CDF built from the sanitised ``q'``; here
         the CDF is normalised by itself. NaN inside ``m_k`` counts as 0 here (the GPU ``max`` ignores NaN; the
         Triton interpreter propagates it).
+      * bf16/fp16 ``target_probs``: when every draft is accepted the kernel sums and scans the bonus row in the input
+        dtype (this Triton keeps bf16 for ``tl.sum``/``tl.cumsum``); here it is fp32. Callers pass fp32.
       * The kernel addresses ``accept_index`` with ``retrive_index``'s strides; here it is indexed logically, which
         is the same thing for the callers' same-shaped contiguous buffers.
     """
@@ -195,13 +198,15 @@ def _block_accept(
     accept_prob = prefix_probs.clone()
     for k in range(num_drafts - 1):
         h = prefix_probs[:, k]
-        needs_mass = (h > 0) & (h < 1)
-        if not bool(needs_mass.any()):
+        # The mass only matters where 0 < h < 1 and the coin already passed h (it can only lower the bar).
+        sel = ((h > 0) & (h < 1) & (coins[:, k] < h)).nonzero().squeeze(1)
+        if sel.numel() == 0:
             continue
+        h_sel = h[sel]
         # Residual mass of the next position, scaled by the prefix weight; fmax maps NaN to 0 like the GPU max.
-        diff = h.unsqueeze(1) * target_probs[:, k + 1].to(work_dtype) - draft_probs[:, k + 1].to(work_dtype)
+        diff = h_sel.unsqueeze(1) * target_probs[sel, k + 1].to(work_dtype) - draft_probs[sel, k + 1].to(work_dtype)
         mass = torch.fmax(diff, torch.zeros_like(diff)).sum(dim=-1)
-        accept_prob[:, k] = torch.where(needs_mass, mass / (mass + 1.0 - h), h)
+        accept_prob[sel, k] = mass / (mass + 1.0 - h_sel)
 
     passes = (coins < prefix_probs) & (coins < accept_prob)
     # The longest passing prefix wins (the kernel scans from the end and stops at the first pass).
@@ -223,25 +228,28 @@ def _final_tokens(
 ) -> torch.Tensor:
     """Inverse-CDF draw of the resampled/bonus token from row n_b (see the contract above)."""
     vocab = target_probs.shape[-1]
-    p_row = target_probs[rows, num_accept]
-    work_dtype = torch.promote_types(p_row.dtype, torch.float32)
-    weights = p_row.to(work_dtype)
+    work_dtype = torch.promote_types(target_probs.dtype, torch.float32)
+    # Advanced indexing copies, so the rows below can be overwritten in place.
+    weights = target_probs[rows, num_accept].to(work_dtype)
     if num_drafts > 0:
-        all_accepted = num_accept == num_drafts
-        # When every draft was accepted there is no draft row n_b; any in-range row will do, it is masked out.
-        q_row = draft_probs[rows, num_accept.clamp(max=num_drafts - 1)].to(work_dtype)
-        q_row = torch.where((q_row >= 0) & (q_row <= 1), q_row, torch.zeros_like(q_row))
-        scaled = weights if residual_scale is None else residual_scale.to(work_dtype).unsqueeze(1) * weights
-        diff = scaled - q_row
-        residual = torch.where(diff > 0, diff, torch.zeros_like(diff))
-        weights = torch.where(all_accepted.unsqueeze(1), weights, residual)
+        rejected = (num_accept < num_drafts).nonzero().squeeze(1)
+        if rejected.numel():
+            # Rejected requests draw from max(h * p - q', 0); requests that accepted every draft keep plain p.
+            q_rej = draft_probs[rejected, num_accept[rejected]].to(work_dtype)
+            q_rej = q_rej.masked_fill(~((q_rej >= 0) & (q_rej <= 1)), 0.0)
+            p_rej = weights[rejected]
+            if residual_scale is not None:
+                p_rej = residual_scale[rejected].to(work_dtype).unsqueeze(1) * p_rej
+            diff = p_rej - q_rej
+            weights[rejected] = torch.where(diff > 0, diff, 0.0)
 
     cdf = weights.cumsum(dim=-1)
     threshold = final_coins.reshape(-1)[: rows.numel()].to(work_dtype) * cdf[:, -1]
     above = cdf > threshold.unsqueeze(1)
     first = above.to(torch.int8).argmax(dim=-1)
     # No CDF entry above the threshold (zero or NaN mass): the kernel's fallback token is the last id.
-    return torch.where(above.any(dim=-1), first, torch.full_like(first, vocab - 1))
+    found = above[rows, first]
+    return torch.where(found, first, torch.full_like(first, vocab - 1))
 
 
 def single_step_output_distribution(

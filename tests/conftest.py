@@ -46,6 +46,13 @@ def tiny_pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_eagle(tiny_pair):
+    from sglang_dspark.models.tiny_eagle import build_tiny_eagle
+
+    return build_tiny_eagle(tiny_pair.target_dir, Path(tiny_pair.target_dir).parent / "eagle")
+
+
+@pytest.fixture(scope="session")
 def server_logs(tmp_path_factory) -> Path:
     keep = os.environ.get("SGLANG_DSPARK_TEST_LOGS")
     return Path(keep) if keep else tmp_path_factory.mktemp("server-logs")
@@ -57,7 +64,10 @@ def launch(server_logs):
 
     @contextlib.contextmanager
     def _launch(model_path, extra_args=(), env=None, **kwargs):
-        server = start_server(model_path, list(extra_args), env=env, log_dir=server_logs, **kwargs)
+        # fp32: SGLang's `--dtype auto` would run the fp32 tiny pair in half precision, where logit ties make
+        # greedy ids differ between the verify and decode paths.
+        args = ["--dtype", "float32", *extra_args]
+        server = start_server(model_path, args, env=env, log_dir=server_logs, **kwargs)
         try:
             yield server
         finally:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.server
 WITHOUT_DSPARK_PLUGIN = {"SGLANG_PLUGINS": "dspark_cpu_platform"}
 
 
-def algorithm_args(name, tiny_pair):
+def algorithm_args(name, eagle_dir):
     if name == "plain":
         return []
     if name == "NGRAM":
@@ -23,7 +23,7 @@ def algorithm_args(name, tiny_pair):
     if name == "EAGLE":
         return [
             "--speculative-algorithm", "EAGLE",
-            "--speculative-draft-model-path", str(tiny_pair.eagle_dir),
+            "--speculative-draft-model-path", str(eagle_dir),
             "--speculative-num-steps", "3",
             "--speculative-eagle-topk", "2",
             "--speculative-num-draft-tokens", "6",
@@ -32,8 +32,8 @@ def algorithm_args(name, tiny_pair):
 
 
 @pytest.mark.parametrize("algorithm", ["plain", "NGRAM", "EAGLE"])
-def test_plugin_does_not_change_other_algorithms(algorithm, tiny_pair, launch, nospec_reference):
-    args = algorithm_args(algorithm, tiny_pair)
+def test_plugin_does_not_change_other_algorithms(algorithm, tiny_pair, tiny_eagle, launch, nospec_reference):
+    args = algorithm_args(algorithm, tiny_eagle)
     outputs = {}
     for label, env in (("with", None), ("without", WITHOUT_DSPARK_PLUGIN)):
         if algorithm == "plain" and label == "with":

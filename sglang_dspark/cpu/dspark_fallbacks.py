@@ -68,12 +68,6 @@ def chain_sampling_dispatch(original, *args, **kwargs):
     predicts = args[0] if args else kwargs["predicts"]
     if predicts.device.type != "cpu":
         return original(*args, **kwargs)
-    if kwargs.get("block_verification"):
-        raise NotImplementedError(
-            "--speculative-use-block-verification is not available on the CPU; drop the flag "
-            "(classic chain rejection sampling is used and is equally lossless)."
-        )
-    kwargs.pop("block_verification", None)
     from sglang_dspark.rejection_sampling import chain_speculative_sampling_torch
 
     return chain_speculative_sampling_torch(*args, **kwargs)

@@ -1,0 +1,609 @@
+"""Tests for the SPS cost model (``sglang_dspark.profiler``): table, upstream formats, cache, refinement, probe plan.
+
+Fast and pure: no server, no model. Upstream's ``dspark_sps.py`` is loaded from the installed sglang by file path
+(not through ``import sglang``, which takes ~10 s) to cross-check the two upstream JSON formats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import logging
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_dspark.profiler import (
+    ProbePlan,
+    SpsOnlineRefiner,
+    SpsTable,
+    SpsTableCache,
+    SpsTableError,
+    build_table,
+    load_sps_table_file,
+    make_cache_key,
+    make_probe_plan,
+    split_verify_tokens,
+)
+from sglang_dspark.profiler.sps_cache import SpsCacheKey, default_cache_dir, model_config_fingerprint
+
+GAMMA = 7
+
+
+def linear_seconds(r: int, b: int) -> float:
+    return 0.040 + 0.002 * r + 0.0005 * b
+
+
+def table_from(fn, plan: ProbePlan, **kwargs) -> SpsTable:
+    return SpsTable({r: {b: fn(r, b) for b in bs} for r, bs in plan.rows}, **kwargs)
+
+
+def assert_sps_non_increasing_in_b(table: SpsTable, max_r: int, gamma: int = GAMMA) -> None:
+    for r in range(1, max_r + 1):
+        b = torch.arange(r, r * (gamma + 1) + 4)
+        sps = table.steps_per_second(r, b)
+        assert torch.all(sps[1:] <= sps[:-1] * (1 + 1e-12)), f"R={r}: SPS rises with B: {sps.tolist()}"
+
+
+@pytest.fixture
+def plan() -> ProbePlan:
+    return make_probe_plan(48, GAMMA, 65536)
+
+
+# ---------------------------------------------------------------------------------------------------- SpsTable
+
+
+def test_linear_cost_is_reproduced_everywhere(plan):
+    """Interpolation in time at fixed B/R and both extrapolations are exact for c + a·R + b·B."""
+    table = table_from(linear_seconds, plan)
+    for r in [1, 2, 3, 5, 7, 16, 20, 33, 47, 48, 49, 64, 100]:
+        for b in [r, r + 1, r + 3, 2 * r + 1, r * (GAMMA + 1), r * (GAMMA + 1) + 10, 3 * r * (GAMMA + 1)]:
+            assert table.step_seconds(r, b) == pytest.approx(linear_seconds(r, b), rel=1e-12), (r, b)
+
+
+def test_interpolates_time_not_sps():
+    table = SpsTable({1: {1: 0.010, 3: 0.030}})
+    assert table.steps_per_second(1, 2) == pytest.approx(50.0)  # 1 / 0.020, not the mean of 100 and 33.3
+    assert table.steps_per_second(1, 3) == pytest.approx(1 / 0.030)
+
+
+def test_probe_points_are_returned_exactly(plan):
+    rng = random.Random(0)
+    times = {r: {b: 0.05 + 0.001 * b + 0.003 * r for b in bs} for r, bs in plan.rows}
+    table = SpsTable(times)
+    for r, bs in plan.rows:
+        b = rng.choice(bs)
+        assert table.step_seconds(r, b) == times[r][b]
+
+
+def test_noisy_measurements_become_monotone():
+    noisy = {
+        1: {1: 0.050, 2: 0.047, 3: 0.052, 5: 0.049, 8: 0.060},  # dips at B=2 and B=5 would be "free" tokens
+        2: {2: 0.045, 3: 0.058, 4: 0.055, 8: 0.066, 16: 0.070},  # R=2 anchor-only cheaper than R=1: impossible
+    }
+    table = SpsTable(noisy)
+    cells = table.probe_seconds()
+    assert list(cells[1].values()) == [0.050, 0.050, 0.052, 0.052, 0.060]
+    assert cells[2][2] == 0.050  # raised to R=1's time at the same B/R = 1
+    assert cells[2][4] == 0.058  # running max within the row
+    for r, row in cells.items():
+        for b, t in row.items():
+            assert t >= noisy[r][b]  # enforcement only ever raises
+    assert table.raw_probe_seconds() == noisy
+    assert_sps_non_increasing_in_b(table, 4)
+
+
+def test_past_the_last_probe_time_keeps_growing():
+    table = SpsTable({1: {1: 0.010, 2: 0.012, 4: 0.020, 8: 0.020}})  # last segment flat (e.g. noise clipped)
+    mean_slope = (0.020 - 0.010) / 7
+    assert table.step_seconds(1, 12) == pytest.approx(0.020 + 4 * mean_slope)
+    sps = [table.steps_per_second(1, b) for b in range(8, 30)]
+    assert all(later < earlier for earlier, later in zip(sps, sps[1:]))
+
+
+def test_a_single_probe_row_borrows_the_slope_below():
+    table = SpsTable({1: {1: 0.010, 4: 0.013}, 4: {4: 0.020}})
+    assert table.step_seconds(4, 8) == pytest.approx(0.020 + 4 * 0.001)
+
+
+def test_interpolation_cells_weights(plan):
+    table = table_from(linear_seconds, plan)
+    for r, b in [(1, 1), (3, 10), (8, 8), (40, 100), (48, 48 * 8), (60, 70), (5, 200)]:
+        cells = table.interpolation_cells(r, b)
+        assert sum(w for _, w in cells) == pytest.approx(1.0)
+        probes = table.probe_seconds()
+        assert all(pb in probes[pr] and w > 0 for (pr, pb), w in cells)
+    assert table.interpolation_cells(8, 9) == [((8, 9), 1.0)]
+
+
+def test_request_count_outside_the_grid():
+    table = SpsTable({2: {2: 0.020, 4: 0.024}, 4: {4: 0.030, 8: 0.040}})
+    assert table.step_seconds(1, 1) == table.step_seconds(2, 2)  # below the grid: the smallest row bounds it
+    assert table.step_seconds(1, 3) == pytest.approx(0.022)
+    # Past the last row each extra request costs what an anchor-only request costs: (0.030-0.020)/(4-2).
+    assert table.step_seconds(6, 6) == pytest.approx(0.030 + 2 * 0.005)
+    assert table.step_seconds(6, 10) == pytest.approx(table.step_seconds(4, 8) + 2 * 0.005)
+
+
+def test_invalid_arguments_and_tables():
+    table = SpsTable({1: {1: 0.01, 2: 0.02}})
+    with pytest.raises(ValueError):
+        table.step_seconds(3, 2)
+    with pytest.raises(ValueError):
+        table.steps_per_second(2, torch.tensor([2, 1]))
+    with pytest.raises(ValueError):
+        table.step_seconds(0, 1)
+    with pytest.raises(TypeError):
+        table.step_seconds(1, 1.5)
+    for bad in ({}, {1: {}}, {2: {1: 0.01}}, {1: {1: 0.0}}, {1: {1: -1.0}}, {1: {1: float("nan")}}):
+        with pytest.raises(SpsTableError):
+            SpsTable(bad)
+    with pytest.raises(SpsTableError):
+        SpsTable({1: {1: 0.01}}, source="guess")
+
+
+def test_vectorised_equals_scalar(plan):
+    rng = random.Random(1)
+    times = {r: {b: rng.uniform(0.01, 0.2) for b in bs} for r, bs in plan.rows}
+    table = SpsTable(times)
+    for r in [1, 2, 3, 6, 11, 32, 40, 48, 50, 77]:
+        b = torch.arange(r, r * (GAMMA + 1) + 9)
+        vector = table.steps_per_second(r, b)
+        assert vector.dtype == torch.float64 and vector.shape == b.shape
+        scalar = torch.tensor([table.steps_per_second(r, int(x)) for x in b], dtype=torch.float64)
+        torch.testing.assert_close(vector, scalar, rtol=1e-12, atol=0)
+        batched = table.steps_per_second(r, b.flip(0).reshape(1, -1).expand(2, -1))
+        torch.testing.assert_close(batched[1], scalar.flip(0), rtol=1e-12, atol=0)
+    assert table.steps_per_second(5, torch.empty(0, dtype=torch.long)).numel() == 0
+    assert isinstance(table.steps_per_second(5, 9), float)
+
+
+def test_satisfies_the_admission_cost_protocol(plan):
+    from sglang_dspark.scheduling.cost_model import StepCostModel
+
+    assert isinstance(table_from(linear_seconds, plan), StepCostModel)
+
+
+def test_json_round_trip(plan):
+    rng = random.Random(2)
+    table = SpsTable(
+        {r: {b: rng.uniform(0.01, 0.2) for b in bs} for r, bs in plan.rows},
+        created_at=1_700_000_000.5,
+        metadata={"gamma": GAMMA, "note": "x"},
+    )
+    table.set_probe_seconds({(4, 4): 0.5})
+    text = table.to_json()
+    again = SpsTable.from_json(text)
+    assert again.probe_seconds() == table.probe_seconds()
+    assert (again.created_at, again.refined_updates, again.metadata, again.source) == (
+        1_700_000_000.5, 1, {"gamma": GAMMA, "note": "x"}, "profiled",
+    )
+    b = torch.arange(9, 9 * (GAMMA + 1) + 1)
+    assert torch.equal(again.steps_per_second(9, b), table.steps_per_second(9, b))
+    assert again.to_json() == text
+    assert SpsTable.from_json(text, source="cache").source == "cache"
+
+
+def test_json_rejects_foreign_versions_and_damage(plan):
+    data = table_from(linear_seconds, plan).to_dict()
+    for mutate in (
+        lambda d: d.update(schema_version=99),
+        lambda d: d.update(kind="something-else"),
+        lambda d: d["rows"][1]["step_seconds"].reverse(),  # not monotone any more
+        lambda d: d["rows"][0]["step_seconds"].__setitem__(0, -1.0),
+        lambda d: d["rows"][0]["verify_tokens"].pop(),
+        lambda d: d.pop("created_at"),
+    ):
+        damaged = json.loads(json.dumps(data))
+        mutate(damaged)
+        with pytest.raises(SpsTableError):
+            SpsTable.from_dict(damaged)
+    with pytest.raises(SpsTableError):
+        SpsTable.from_json("{not json")
+    relaxed = json.loads(json.dumps(data))
+    relaxed["rows"][1]["step_seconds"].reverse()
+    assert SpsTable.from_dict(relaxed, strict=False).num_probes == plan.num_probes
+
+
+def test_summary(plan):
+    table = table_from(linear_seconds, plan, created_at=1000.0)
+    summary = table.summary(now=1060.0)
+    json.dumps(summary)
+    assert summary["source"] == "profiled"
+    assert summary["age_seconds"] == 60.0
+    assert summary["refined_updates"] == 0
+    assert summary["num_probes"] == plan.num_probes
+    assert summary["probe_grid"]["num_requests"] == [r for r, _ in plan.rows]
+    assert summary["probe_grid"]["verify_tokens"]["1"] == list(plan.rows[0][1])
+    assert summary["max_steps_per_second"] == pytest.approx(1 / linear_seconds(1, 1))
+    assert summary["min_steps_per_second"] == pytest.approx(1 / linear_seconds(48, 48 * (GAMMA + 1)))
+
+
+# ---------------------------------------------------------------------------------------------------- upstream
+
+
+@pytest.fixture(scope="module")
+def upstream_sps():
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("sglang is not installed")
+    path = Path(spec.submodule_search_locations[0]) / "srt/speculative/dspark_components/dspark_sps.py"
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    module_spec = importlib.util.spec_from_file_location("_upstream_dspark_sps", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def test_upstream_cost_table_loads(upstream_sps, tmp_path):
+    upstream = upstream_sps.SpsCostTable(
+        sample_batch_tokens=[8, 16, 24, 32, 48],
+        sample_steps_per_sec=[100.0, 90.0, 70.0, 65.0, 40.0],
+        max_batch_tokens=48,
+    )
+    path = tmp_path / "sps.json"
+    path.write_text(upstream.to_json())
+    table = load_sps_table_file(path)
+    assert table.source == "upstream-json"
+    assert table.num_requests_probes == tuple(range(1, 49))
+    for b in upstream.sample_batch_tokens:
+        for r in range(1, b + 1):  # R-independent, exactly upstream's value at every probe
+            assert table.steps_per_second(r, b) == pytest.approx(upstream.lookup(b), rel=1e-12)
+    for r in range(1, 8):  # below the first probe upstream clamps to it
+        assert table.steps_per_second(r, r) == pytest.approx(upstream.lookup(r), rel=1e-12)
+    # Between probes we interpolate time instead of upstream's optimistic floor step.
+    assert 1 / table.step_seconds(2, 20) == pytest.approx(1 / (0.5 / 90 + 0.5 / 70))
+    assert table.steps_per_second(2, 20) < upstream.lookup(20)
+    # Past the last probe tokens are not free (upstream keeps 40 steps/s forever).
+    assert table.steps_per_second(6, 60) < upstream.lookup(60)
+    assert table.steps_per_second(48, 96) < table.steps_per_second(48, 48)  # rows past the samples have a slope
+    assert_sps_non_increasing_in_b(table, 6)
+    # The same through a dict, JSON text and the struct itself.
+    for obj in (json.loads(upstream.to_json()), upstream.to_json(), upstream):
+        assert SpsTable.from_upstream(obj).probe_seconds() == table.probe_seconds()
+
+
+def test_upstream_additive_table_loads(upstream_sps, tmp_path):
+    upstream = upstream_sps.SpsAdditiveCostTable(
+        bias_seconds=0.010,
+        bs_probes=[1, 4, 16],
+        alpha_seconds=[0.001, 0.004, 0.020],
+        m_probes=[1, 8, 32, 128],
+        theta_seconds=[0.002, 0.003, 0.010, 0.040],
+    )
+    path = tmp_path / "sps_additive.json"
+    path.write_text(upstream.to_json())
+    table = load_sps_table_file(path, max_requests=20)
+    assert table.num_requests_probes == tuple(range(1, 21))
+    for r in [1, 2, 3, 4, 7, 10, 16, 20]:
+        for b in sorted({r, r + 1, 8, 20, 32, 64, 100, 128} - set(range(r))):
+            budget = b - r  # upstream's step_time takes the admitted draft tokens
+            assert table.step_seconds(r, b) == pytest.approx(upstream.step_time(num_reqs=r, budget=budget), rel=1e-12)
+    assert table.step_seconds(4, 200) > upstream.step_time(num_reqs=4, budget=196)  # θ past 128 is not clamped
+    assert table.metadata["upstream_format"] == "SpsAdditiveCostTable"
+    assert SpsTable.from_upstream(upstream, max_requests=20).probe_seconds() == table.probe_seconds()
+
+
+def test_bad_upstream_tables_are_refused():
+    for bad in (
+        {"sample_batch_tokens": [8, 4], "sample_steps_per_sec": [1.0, 2.0], "max_batch_tokens": 8},
+        {"sample_batch_tokens": [8], "sample_steps_per_sec": [0.0], "max_batch_tokens": 8},
+        {"sample_batch_tokens": [8, 16], "sample_steps_per_sec": [1.0], "max_batch_tokens": 16},
+        {"sample_batch_tokens": [8], "sample_steps_per_sec": [1.0], "max_batch_tokens": 4},
+        {"bias_seconds": 0.0, "bs_probes": [1], "alpha_seconds": [0.0], "m_probes": [1], "theta_seconds": [0.0]},
+        {"bias_seconds": 0.01, "bs_probes": [1], "alpha_seconds": [0.0]},
+        "[1, 2",
+    ):
+        with pytest.raises(SpsTableError):
+            SpsTable.from_upstream(bad)
+
+
+def test_our_own_format_loads_from_a_table_path(plan, tmp_path):
+    table = table_from(linear_seconds, plan)
+    path = tmp_path / "ours.json"
+    path.write_text(table.to_json())
+    assert load_sps_table_file(path).probe_seconds() == table.probe_seconds()
+
+
+# ---------------------------------------------------------------------------------------------------- cache
+
+
+def make_key(plan: ProbePlan, model_dir: Path, **overrides) -> SpsCacheKey:
+    settings_ = dict(
+        model_path=model_dir,
+        dtype=torch.bfloat16,
+        device="cpu",
+        tp_size=1,
+        attention_backend="torch_native",
+        max_total_tokens=8192,
+        probe_grid=plan,
+    )
+    settings_.update(overrides)
+    return make_cache_key(**settings_)
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2}))
+    return folder
+
+
+def test_cache_hit_on_the_same_key(plan, model_dir, tmp_path):
+    cache = SpsTableCache(tmp_path / "cache")
+    key = make_key(plan, model_dir)
+    assert cache.load(key) is None
+    table = table_from(linear_seconds, plan, metadata={"gamma": GAMMA})
+    path = cache.store(key, table)
+    assert path.exists() and [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+    loaded = cache.load(make_key(plan, model_dir))
+    assert loaded is not None and loaded.source == "cache"
+    assert loaded.probe_seconds() == table.probe_seconds() and loaded.metadata == {"gamma": GAMMA}
+    assert key.dtype == "bfloat16" and "threads" in key.device_name and key.sglang_dspark_version == "0.1.0"
+
+
+def test_cache_misses_when_any_key_field_changes(plan, model_dir, tmp_path):
+    cache = SpsTableCache(tmp_path / "cache")
+    key = make_key(plan, model_dir)
+    cache.store(key, table_from(linear_seconds, plan))
+    other_plan = make_probe_plan(32, GAMMA, 65536)
+    changed = {
+        "model_path": "/elsewhere/model",
+        "model_config_fingerprint": "0" * 64,
+        "dtype": "float32",
+        "device_name": "NVIDIA H200",
+        "tp_size": 2,
+        "attention_backend": "fa3",
+        "max_total_tokens": 4096,
+        "sglang_version": "0.5.24",
+        "sglang_dspark_version": "9.9.9",
+        "probe_grid": json.dumps(other_plan.to_dict(), sort_keys=True, separators=(",", ":")),
+        "extra": (("cuda_graph", "off"),),
+    }
+    assert set(changed) == {f.name for f in dataclasses.fields(SpsCacheKey)}
+    for name, value in changed.items():
+        other = dataclasses.replace(key, **{name: value})
+        assert other.digest() != key.digest(), name
+        assert cache.load(other) is None, name
+    assert cache.load(key) is not None
+
+
+def test_model_config_fingerprint(model_dir, tmp_path):
+    before = model_config_fingerprint(model_dir)
+    (model_dir / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64}, indent=4))
+    assert model_config_fingerprint(model_dir) == before  # same content, other key order and layout
+    (model_dir / "config.json").write_text(json.dumps({"num_hidden_layers": 3, "hidden_size": 64}))
+    assert model_config_fingerprint(model_dir) != before
+    assert model_config_fingerprint(tmp_path / "missing") == "no-config"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncated", "not-json", "schema", "kind", "negative", "non-monotone", "foreign-key", "table-missing"],
+)
+def test_cache_ignores_corrupt_or_foreign_files(plan, model_dir, tmp_path, caplog, damage):
+    cache = SpsTableCache(tmp_path / "cache")
+    key = make_key(plan, model_dir)
+    path = cache.store(key, table_from(linear_seconds, plan))
+    entry = json.loads(path.read_text())
+    if damage == "truncated":
+        text = path.read_text()[: len(path.read_text()) // 2]
+    elif damage == "not-json":
+        text = "\x00\x01garbage"
+    else:
+        if damage == "schema":
+            entry["schema_version"] = 2
+        elif damage == "kind":
+            entry["kind"] = "something-else"
+        elif damage == "negative":
+            entry["table"]["rows"][0]["step_seconds"][0] = -0.01
+        elif damage == "non-monotone":
+            entry["table"]["rows"][2]["step_seconds"].reverse()
+        elif damage == "foreign-key":  # a valid entry of another configuration, copied to this key's file name
+            entry["key"] = make_key(plan, model_dir, tp_size=8).to_dict()
+        elif damage == "table-missing":
+            del entry["table"]
+        text = json.dumps(entry)
+    path.write_text(text)
+    with caplog.at_level(logging.WARNING, logger="sglang_dspark.profiler.sps_cache"):
+        assert cache.load(key) is None
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "Ignoring cached SPS table" in warnings[0].getMessage()
+    # Re-profiling overwrites the bad file, and the next load hits.
+    cache.store(key, table_from(linear_seconds, plan))
+    assert cache.load(key) is not None
+
+
+def test_default_cache_dir_follows_the_project_cache_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("SGLANG_DSPARK_CACHE", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "sps"
+    assert SpsTableCache().directory == tmp_path / "sps"
+    monkeypatch.delenv("SGLANG_DSPARK_CACHE")
+    assert default_cache_dir() == Path.home() / ".cache" / "sglang-dspark" / "sps"
+
+
+# ---------------------------------------------------------------------------------------------------- refinement
+
+
+def test_refinement_moves_toward_measurements(plan):
+    table = table_from(linear_seconds, plan)
+    refiner = SpsOnlineRefiner(table, rate=0.2, max_step_fraction=0.05)
+    r, b = 8, 20
+    target = 1.3 * linear_seconds(r, b)
+    errors = []
+    for _ in range(40):
+        errors.append(abs(math.log(target / table.step_seconds(r, b))))
+        assert refiner.observe(r, b, target)
+    errors.append(abs(math.log(target / table.step_seconds(r, b))))
+    assert all(later <= earlier + 1e-12 for earlier, later in zip(errors, errors[1:]))
+    assert errors[-1] < 0.02
+    assert refiner.updates == 40 and table.refined_updates == 40
+    assert table.summary()["refined_updates"] == 40
+    far = table.step_seconds(48, 300)  # far from (8, 20): untouched by these updates
+    assert far == pytest.approx(linear_seconds(48, 300), rel=1e-12)
+
+
+def test_refinement_is_bounded_per_step_and_in_total(plan):
+    table = table_from(linear_seconds, plan)
+    profiled = table.probe_seconds()
+    refiner = SpsOnlineRefiner(table, rate=1.0, max_step_fraction=0.02, max_drift_factor=2.0)
+    before = table.probe_seconds()
+    refiner.observe(4, 10, 100 * linear_seconds(4, 10))  # a wild outlier (e.g. a GC pause)
+    after = table.probe_seconds()
+    for r in before:
+        for b in before[r]:
+            assert after[r][b] <= before[r][b] * 1.02 * (1 + 1e-12)
+    for _ in range(200):
+        refiner.observe(4, 10, 100 * linear_seconds(4, 10))
+        refiner.observe(16, 16, 0.001 * linear_seconds(16, 16))
+    raw = table.raw_probe_seconds()
+    for r in raw:
+        for b in raw[r]:
+            assert profiled[r][b] / 2 * (1 - 1e-12) <= raw[r][b] <= profiled[r][b] * 2 * (1 + 1e-12)
+    assert refiner.stats()["max_drift_pct"] <= 100.0 + 1e-9
+
+
+def test_refinement_keeps_monotonicity_and_rejects_garbage(plan):
+    table = table_from(linear_seconds, plan)
+    refiner = SpsOnlineRefiner(table, rate=0.5, max_step_fraction=0.2)
+    rng = random.Random(3)
+    for _ in range(300):
+        r = rng.randint(1, 60)
+        b = rng.randint(r, r * (GAMMA + 1))
+        refiner.observe(r, b, linear_seconds(r, b) * rng.uniform(0.3, 3.0))
+    assert_sps_non_increasing_in_b(table, 60)
+    SpsTable.from_json(table.to_json())  # what it would cache is still a valid, monotone table
+    for bad in [(2, 8, 0.0), (2, 8, -1.0), (2, 8, float("nan")), (2, 8, float("inf")), (0, 8, 0.1), (4, 2, 0.1)]:
+        assert refiner.observe(*bad) is False
+    assert refiner.rejected == 6 and refiner.updates == 300
+
+
+def test_refinement_logs_at_most_every_interval(plan, caplog):
+    now = [0.0]
+    table = table_from(linear_seconds, plan)
+    refiner = SpsOnlineRefiner(table, log_interval_seconds=10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="sglang_dspark.profiler.online_refinement"):
+        for step in range(100):
+            now[0] = step * 0.5  # 50 s of serving, two updates per second
+            refiner.observe(4, 12, 1.1 * linear_seconds(4, 12))
+    reports = [r for r in caplog.records if "SPS online refinement" in r.getMessage()]
+    assert 4 <= len(reports) <= 5
+    assert "100 updates" in refiner_report(refiner, caplog)
+
+
+def refiner_report(refiner: SpsOnlineRefiner, caplog) -> str:
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sglang_dspark.profiler.online_refinement"):
+        refiner.log_now()
+    return caplog.records[-1].getMessage()
+
+
+# ---------------------------------------------------------------------------------------------------- probe plan
+
+
+@pytest.mark.parametrize(
+    "max_requests,gamma,max_total_tokens",
+    [(1, 1, 64), (1, 15, 4096), (4, 3, 4096), (48, 7, 8192), (48, 7, 65536), (256, 15, 1 << 20), (4096, 7, 1 << 22)],
+)
+def test_probe_plan_shape_and_size(max_requests, gamma, max_total_tokens):
+    plan = make_probe_plan(max_requests, gamma, max_total_tokens)
+    assert plan.num_probes <= 40
+    requests = [r for r, _ in plan.rows]
+    assert requests[0] == 1 and requests[-1] == plan.max_requests <= max_requests
+    assert requests == sorted(set(requests))
+    for r, bs in plan.rows:
+        assert bs[0] == r and bs[-1] == r * (gamma + 1) and list(bs) == sorted(set(bs))
+        assert len(bs) >= min(3, r * gamma + 1)
+    assert plan.max_requests * (plan.context_tokens + gamma + 1) <= max_total_tokens
+    assert ProbePlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+
+
+def test_probe_plan_for_a_typical_server_is_35_probes():
+    plan = make_probe_plan(48, 7, 65536)
+    assert [r for r, _ in plan.rows] == [1, 2, 4, 8, 16, 32, 48]
+    assert plan.num_probes == 35 and plan.context_tokens == 256
+    assert make_probe_plan(48, 7, 8192).context_tokens == 8192 // 48 - 8  # shortened to fit the pool
+
+
+def test_probe_plan_lowers_requests_only_when_the_pool_is_tiny(caplog):
+    with caplog.at_level(logging.WARNING, logger="sglang_dspark.profiler.probe_plan"):
+        plan = make_probe_plan(64, 7, 200)
+    assert plan.max_requests == 200 // 9 and plan.context_tokens == 1
+    assert any("probing R <=" in r.getMessage() for r in caplog.records)
+
+
+def test_split_verify_tokens():
+    for r in range(1, 20):
+        for b in range(r, r * (GAMMA + 1) + 1):
+            lengths = split_verify_tokens(r, b, GAMMA + 1)
+            assert len(lengths) == r and sum(lengths) == b
+            assert 1 <= min(lengths) and max(lengths) <= GAMMA + 1 and max(lengths) - min(lengths) <= 1
+    assert split_verify_tokens(3, 7) == [3, 2, 2]
+    with pytest.raises(ValueError):
+        split_verify_tokens(3, 2)
+    with pytest.raises(ValueError):
+        split_verify_tokens(2, 17, GAMMA + 1)
+
+
+def test_build_table_takes_the_median_after_warmup():
+    plan = make_probe_plan(8, 3, 4096)
+    calls: dict[tuple[int, int], int] = {}
+
+    def measure(r: int, b: int) -> float:
+        n = calls[(r, b)] = calls.get((r, b), 0) + 1
+        if n == 1:
+            return 5.0  # warm-up: allocation, capture; must be discarded
+        return linear_seconds(r, b) * (10.0 if n == 3 else 1.0)  # one stall among three repeats
+
+    table = build_table(measure, plan, progress=False, repeats=3, warmup=1)
+    assert set(calls.values()) == {4} and len(calls) == plan.num_probes
+    for r, bs in plan.rows:
+        for b in bs:
+            assert table.step_seconds(r, b) == pytest.approx(linear_seconds(r, b))
+    assert table.source == "profiled" and table.metadata["probe_plan"] == plan.to_dict()
+    with pytest.raises(ValueError):
+        build_table(lambda r, b: 0.0, plan, progress=False)
+
+
+def test_build_table_with_a_progress_bar(capsys):
+    plan = make_probe_plan(2, 1, 4096)
+    table = build_table(linear_seconds, plan, progress=True, repeats=1, warmup=0)
+    assert table.num_probes == plan.num_probes
+    assert "Profiling SPS" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------- property
+
+
+@st.composite
+def random_tables(draw):
+    gamma = draw(st.integers(1, 8))
+    max_requests = draw(st.integers(1, 24))
+    plan = make_probe_plan(max_requests, gamma, 1 << 20, max_probes=draw(st.integers(6, 40)))
+    seconds = st.floats(1e-4, 1.0, allow_nan=False, allow_infinity=False)
+    times = {r: {b: draw(seconds) for b in bs} for r, bs in plan.rows}
+    return gamma, plan, times
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_tables())
+def test_property_sps_never_rises_with_verify_tokens(case):
+    gamma, plan, times = case
+    table = SpsTable(times)
+    for r in range(1, plan.max_requests + 4):
+        b = torch.arange(r, r * (gamma + 1) + 4)
+        sps = table.steps_per_second(r, b)
+        assert torch.all(sps > 0)
+        assert torch.all(sps[1:] <= sps[:-1] * (1 + 1e-12)), (r, sps.tolist())
+    for r, cells in table.probe_seconds().items():  # enforcement only raises, and cells are monotone in B
+        assert all(cells[b] >= times[r][b] for b in cells)
+        values = list(cells.values())
+        assert values == sorted(values)

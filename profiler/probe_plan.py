@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional
 
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from sglang_dspark.profiler.sps_table import SpsTable
 
@@ -122,7 +122,7 @@ def make_probe_plan(
         raise ValueError(f"max_probes must be >= {2 * _MIN_POINTS_PER_ROW}, got {max_probes}")
     verify_len = gamma + 1
     if max_total_tokens < 1 + verify_len:
-        raise ValueError(f"max_total_tokens={max_total_tokens} cannot hold even one request of {verify_len} tokens")
+        raise ValueError(f"max_total_tokens={max_total_tokens} cannot hold one request of 1 + {verify_len} tokens")
     fitting_context = max_total_tokens // max_requests - verify_len
     if fitting_context < 1:
         fitting = max_total_tokens // (1 + verify_len)

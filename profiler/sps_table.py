@@ -1,9 +1,8 @@
 """Engine steps per second of a target verify forward, as a function of requests ``R`` and verify tokens ``B``.
 
 DSpark admission maximises ``Θ = τ · SPS(R, B)``; ``B = Σ_r (1 + ℓ_r)`` counts every request's anchor, so
-``B ≥ R``.
-The cost depends on both numbers (on a CPU, 16 requests decoding one token each cost ~1.5x one request verifying
-16 tokens), so the table is 2-D: rows of probed request counts, each with step times at a few probed ``B``.
+``B ≥ R``. The cost depends on both numbers (on a CPU, 16 requests decoding one token each cost ~1.5x one request
+verifying 16 tokens), so the table is 2-D: rows of probed request counts, each with step times at a few probed ``B``.
 
 Design (what a reader needs to trust the numbers):
 

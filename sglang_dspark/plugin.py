@@ -31,9 +31,17 @@ def register() -> None:
         cpu_dspark.apply()
         dspark_fallbacks.register_hooks()
 
+    from sglang_dspark.arg_resolution import DSPARK_ARG_HANDLER, handle_dspark
     from sglang_dspark.worker import UPSTREAM_WORKER_TARGET, DSparkWorker, use_upstream_worker
 
+    # CPU device guard and, with our worker, the verify mode of the admission policy.
+    HookRegistry.register(DSPARK_ARG_HANDLER, handle_dspark, HookType.AROUND)
     if use_upstream_worker():
-        logger.info("SGLANG_DSPARK_WORKER=upstream: keeping SGLang's own DSparkWorkerV2")
+        logger.info("SGLANG_DSPARK_WORKER=upstream: keeping SGLang's own DSparkWorkerV2 and planner")
         return
+    from sglang_dspark.observability import register_observability_hooks
+    from sglang_dspark.planner import UPSTREAM_PLANNER_TARGET, AdmissionVerifyPlanner
+
     HookRegistry.register(UPSTREAM_WORKER_TARGET, DSparkWorker, HookType.REPLACE)
+    HookRegistry.register(UPSTREAM_PLANNER_TARGET, AdmissionVerifyPlanner, HookType.REPLACE)
+    register_observability_hooks()

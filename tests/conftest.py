@@ -38,6 +38,18 @@ MAX_NEW_TOKENS = 64
 GREEDY = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0, "ignore_eos": True}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """Servers started by the tests cache SPS tables in a temporary folder, never in the user's home."""
+    previous = os.environ.get("SGLANG_DSPARK_CACHE")
+    os.environ["SGLANG_DSPARK_CACHE"] = str(tmp_path_factory.mktemp("sglang-dspark-cache"))
+    yield Path(os.environ["SGLANG_DSPARK_CACHE"])
+    if previous is None:
+        os.environ.pop("SGLANG_DSPARK_CACHE", None)
+    else:
+        os.environ["SGLANG_DSPARK_CACHE"] = previous
+
+
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
     from sglang_dspark.models.tiny_pair import build_tiny_pair

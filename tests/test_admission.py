@@ -17,7 +17,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
@@ -459,7 +459,8 @@ def test_lengths_are_in_range_and_admissions_are_prefixes(data, c):
     num_requests, gamma = c.shape
     cost = data.draw(cost_models(num_requests, gamma))
     c_lagged = data.draw(confidences_shaped(num_requests, gamma))
-    for lengths in (admit_exact(c, cost), admit_async(c, c_lagged, cost), admit_topk(c, data.draw(st.integers(0, 30)))):
+    capacity = data.draw(st.integers(0, 30))
+    for lengths in (admit_exact(c, cost), admit_async(c, c_lagged, cost), admit_topk(c, capacity)):
         assert lengths.dtype == torch.long and lengths.shape == (num_requests,)
         assert bool(((lengths >= 0) & (lengths <= gamma)).all())
     positive = (survival_probabilities(c) > 0).sum(dim=-1)
@@ -505,6 +506,7 @@ def test_exact_matches_brute_force_when_throughput_is_unimodal(data, c):
     unimodal = not bool(rises[first_stop:].any())
     best = brute_force_best_throughput(c, cost)
     achieved = float(expected_throughput(c, admit_exact(c, cost), cost))
+    event("unimodal" if unimodal else "not unimodal")
     if unimodal:
         assert achieved == pytest.approx(best, rel=1e-9)
     else:

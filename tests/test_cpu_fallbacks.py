@@ -53,8 +53,10 @@ def test_sgl_kernel_resolves_to_the_standin_on_cpu():
     assert sgl_kernel is standin
 
 
-def test_b1_dspark_args_resolve_on_cpu(loaded_plugins, tiny_pair):
+def test_b1_dspark_args_resolve_on_cpu(loaded_plugins, tiny_pair, monkeypatch):
     """B1 (+ platform): DSPARK resolves on device cpu, keeps intel_amx, reads γ=7 from the draft config."""
+    # Resolution sets the verify mode in os.environ (for the processes it spawns); keep it out of this process.
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "static")
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.server_args import prepare_server_args
 

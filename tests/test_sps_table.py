@@ -19,19 +19,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_dspark.profiler import (
-    ProbePlan,
-    SpsOnlineRefiner,
-    SpsTable,
+from sglang_dspark.profiler.online_refinement import SpsOnlineRefiner
+from sglang_dspark.profiler.probe_plan import ProbePlan, build_table, make_probe_plan, split_verify_tokens
+from sglang_dspark.profiler.sps_cache import (
+    SpsCacheKey,
     SpsTableCache,
-    SpsTableError,
-    build_table,
-    load_sps_table_file,
+    default_cache_dir,
     make_cache_key,
-    make_probe_plan,
-    split_verify_tokens,
+    model_config_fingerprint,
 )
-from sglang_dspark.profiler.sps_cache import SpsCacheKey, default_cache_dir, model_config_fingerprint
+from sglang_dspark.profiler.sps_table import SpsTable, SpsTableError
+from sglang_dspark.profiler.upstream_sps import load_sps_table_file
 
 GAMMA = 7
 

@@ -2,7 +2,8 @@
 
 Upstream's worker runs on the CPU once five device assumptions below the worker are bridged (the facts and
 file:line of each are in shared/notes/dspark-on-cpu.md, blockers B1, B3, B6, B7, B8). Every hook leaves non-CPU
-inputs on upstream's own path.
+inputs on upstream's own path. B1 is applied through sglang_dspark/arg_resolution.py, the one wrapper of
+``_handle_dspark`` (two AROUND hooks on one target would have to be ordered by registration).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import types
 
 logger = logging.getLogger(__name__)
 
-_SPEC_HOOK = "sglang.srt.arg_groups.speculative_hook._handle_dspark"
 _FUSED_KV_WRITE = "sglang.srt.models.dspark.DSparkDraftMixin._fused_kv_write_bundle"
 _DFLASH_ATTENTION_INIT = "sglang.srt.models.dflash.DFlashAttention.__init__"
 _CHAIN_SAMPLING = "sglang.kernels.ops.speculative.reject_sampling.chain_speculative_sampling_triton"
@@ -92,7 +92,6 @@ def amx_extend_metadata_with_ragged_verify(original, self, forward_batch):
 def register_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register(_SPEC_HOOK, handle_dspark_allowing_cpu, HookType.AROUND)
     HookRegistry.register(_FUSED_KV_WRITE, fused_kv_write_bundle_off_on_cpu, HookType.AROUND)
     HookRegistry.register(_DFLASH_ATTENTION_INIT, dflash_attention_torch_qk_norm_rope, HookType.AFTER)
     HookRegistry.register(_CHAIN_SAMPLING, chain_sampling_dispatch, HookType.AROUND)

@@ -25,12 +25,14 @@ Policies (names as accepted by :func:`admit`):
 
 Why both policies are lossless (the output distribution equals the target's): rejection sampling stays exact as long
 as the decision "verify draft ``k`` of request ``r``" depends only on what was known before ``x[r, k]`` was sampled,
-i.e. on ``x[r, <k]`` (a stopping time). ``c[r, k]`` depends on ``x[r, k-1]``, so ``a[r, j]`` is ``x[r, <j]``-measurable.
-In the global order, the candidates ranked before ``(r, j)`` are ``r``'s shallower positions and other requests'
-candidates, never ``r``'s deeper ones; so the rank of ``(r, j)`` and everything on the path up to it are fine. What
-must not happen is that a deeper candidate ``(r, j+1)`` — whose survival depends on ``x[r, j]`` — decides whether
-``(r, j)`` is admitted. A retrospective global maximum over the current path does exactly that (paper, Appendix A);
-Algorithm 1's early stop and the production variant's lagged capacity are the two ways to prevent it.
+i.e. on ``x[r, <k]`` (a stopping time). ``c[r, k]`` depends on ``x[r, k-1]``, so ``a[r, j]`` is a function of
+``x[r, <j]``. In the global order, the candidates ranked before ``(r, j)`` are ``r``'s shallower positions and other
+requests' candidates, never ``r``'s deeper ones; so the rank of ``(r, j)`` and everything on the path up to it are
+fine. What must not happen is that a deeper candidate ``(r, j+1)``, whose survival depends on ``x[r, j]``, decides
+whether ``(r, j)`` is admitted. A retrospective global maximum over the current path does exactly that (paper,
+Appendix A); Algorithm 1's early stop and the production variant's lagged capacity are the two ways to prevent it.
+The argument is per request: given the other requests' drafts, each request's admission is a stopping time of its
+own drafts, so each request's output follows the target whatever the rest of the batch does.
 
 All functions take ``c`` of shape ``[..., R, γ]``: leading dimensions are independent steps (simulations batch many
 steps in one call), and return ``[..., R]`` lengths (``torch.long``). They never synchronise with the device, except
@@ -84,7 +86,10 @@ def survival_probabilities(c: torch.Tensor) -> torch.Tensor:
 
 
 def _position_major(x: torch.Tensor) -> torch.Tensor:
-    """``[..., R, γ] -> [..., γ·R]`` with flat index ``j·R + r``: a stable sort then breaks ties by position, then request."""
+    """``[..., R, γ] -> [..., γ·R]``, flat index ``j·R + r``.
+
+    Position-major, so a stable sort breaks ties by the shallower position first, then by the lower request index.
+    """
     return x.transpose(-1, -2).reshape(*x.shape[:-2], -1)
 
 
@@ -149,11 +154,14 @@ def candidate_ranks(c: torch.Tensor, *, min_survival: float = 0.0) -> tuple[torc
 def greedy_path_throughput(c: torch.Tensor, cost: StepCostModel, *, min_survival: float = 0.0) -> torch.Tensor:
     """``Θ_K`` for ``K = 0..R·γ`` along the greedy order (``[..., R·γ + 1]``, float64).
 
-    Entries past the valid candidates are ``-inf`` (no length vector admits them). ``max_K Θ_K`` is the global
-    maximum of ``Θ`` over all length vectors.
+    Entries past the valid candidates are ``-inf`` (no policy admits those). ``max_K Θ_K`` is the maximum of ``Θ``
+    over all length vectors that admit only valid candidates.
     """
-    num_requests = c.shape[-2]
-    sorted_a, _, num_valid = _greedy_order(survival_probabilities(c), min_survival)
+    return _reachable_path_throughput(survival_probabilities(c), c.shape[-2], cost, min_survival)
+
+
+def _reachable_path_throughput(survival, num_requests: int, cost: StepCostModel, min_survival: float):
+    sorted_a, _, num_valid = _greedy_order(survival, min_survival)
     theta = _throughput_along_path(sorted_a, num_requests, cost)
     reachable = torch.arange(theta.shape[-1], device=theta.device) <= num_valid.unsqueeze(-1)
     return theta.masked_fill(~reachable, float("-inf"))
@@ -184,7 +192,10 @@ def admit_exact(c: torch.Tensor, cost: StepCostModel, *, min_survival: float = 0
     theta = _throughput_along_path(sorted_a, num_requests, cost)
     improves = theta[..., 1:] > theta[..., :-1]
     improves &= torch.arange(improves.shape[-1], device=c.device) < num_valid.unsqueeze(-1)
-    admitted_count = torch.cumprod(improves.to(torch.long), dim=-1).sum(dim=-1)  # leading run of improvements
+    # Keep only the LEADING run of improvements: never look past the first non-improving candidate, even if Θ rises
+    # again later on the path. That later rise may come from a deeper draft whose survival depends on the very token
+    # being decided, so acting on it would bias the output (see the docstring). This is the stop that makes it exact.
+    admitted_count = torch.cumprod(improves.to(torch.long), dim=-1).sum(dim=-1)
     return _lengths_from_ranks(ranks, admitted_count)
 
 
@@ -217,17 +228,29 @@ def capacity_global_search(
 
     ``c_lagged``: ``[..., R, γ]``, rows aligned with the CURRENT step's requests. ``has_lagged``: ``[..., R]`` bool,
     False for requests with no lagged confidences (their survivals count as 1). ``num_requests``: the ``R`` used in
-    ``Θ``; defaults to the number of rows. Returns ``K``: long tensor of shape ``[...]`` (0-d for one step), the number
-    of draft tokens (anchors excluded) to verify in total.
+    ``Θ``; defaults to the number of rows. Returns ``K``: long tensor of shape ``[...]`` (0-d for one step), the
+    number of draft tokens (anchors excluded) to verify in total.
     """
-    rows = c_lagged.shape[-2]
+    return capacity_from_survival(_lagged_survival(c_lagged, has_lagged), cost, num_requests, min_survival=min_survival)
+
+
+def capacity_from_survival(
+    lagged_survival: torch.Tensor,
+    cost: StepCostModel,
+    num_requests: Optional[int] = None,
+    *,
+    min_survival: float = 0.0,
+) -> torch.Tensor:
+    """:func:`capacity_global_search` on survivals ``a = cumprod(c)`` already formed (``[..., R, γ]``).
+
+    The engine adapter holds lagged survivals (SGLang's planner keeps them per request slot), not confidences.
+    """
+    rows = lagged_survival.shape[-2]
     num_requests = rows if num_requests is None else int(num_requests)
-    if num_requests == 0:
-        return torch.zeros(c_lagged.shape[:-2], dtype=torch.long, device=c_lagged.device)
-    sorted_a, _, num_valid = _greedy_order(_lagged_survival(c_lagged, has_lagged), min_survival)
-    theta = _throughput_along_path(sorted_a, num_requests, cost)
-    reachable = torch.arange(theta.shape[-1], device=theta.device) <= num_valid.unsqueeze(-1)
-    return torch.argmax(theta.masked_fill(~reachable, float("-inf")), dim=-1)  # first maximum: smallest K
+    if num_requests == 0 or lagged_survival.shape[-1] == 0:
+        return torch.zeros(lagged_survival.shape[:-2], dtype=torch.long, device=lagged_survival.device)
+    theta = _reachable_path_throughput(lagged_survival.to(torch.float64), num_requests, cost, min_survival)
+    return torch.argmax(theta, dim=-1)  # the first maximum: ties go to the smallest K
 
 
 def topk_admitted_mask(

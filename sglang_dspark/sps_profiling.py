@@ -103,7 +103,7 @@ def obtain_sps_table(
     gamma: int,
     max_requests: int,
     upstream_table_path: Optional[str],
-    time_budget_seconds: float = 3.0,
+    time_budget_seconds: float = 2.0,
 ) -> ObtainedSpsTable:
     """The SPS table for this engine: upstream's JSON if given, else the on-disk cache, else profile now."""
     started = time.monotonic()
@@ -129,8 +129,8 @@ def obtain_sps_table(
         return ObtainedSpsTable(cached, "cache", time.monotonic() - started)
 
     measure = make_verify_forward_measurer(model_runner, gamma, plan.context_tokens)
-    repeats = _repeats_within_budget(measure, plan, time_budget_seconds)
-    table = build_table(measure, plan, progress=True, repeats=repeats, warmup=1)
+    plan, repeats, warmup = fit_plan_to_budget(measure, plan, time_budget_seconds, max_requests, gamma, pool_tokens)
+    table = build_table(measure, plan, progress=True, repeats=repeats, warmup=warmup)
     try:
         cache.store(key, table)
     except OSError as exc:  # a read-only home must not stop the server
@@ -138,11 +138,34 @@ def obtain_sps_table(
     return ObtainedSpsTable(table, "profiled", time.monotonic() - started)
 
 
-def _repeats_within_budget(measure, plan: ProbePlan, budget_seconds: float) -> int:
-    """Median of 3 when the model is cheap enough, else fewer repeats, so start-up stays short."""
+def fit_plan_to_budget(measure, plan: ProbePlan, budget_seconds: float, max_requests: int, gamma: int, pool_tokens: int):
+    """(plan, repeats, warmup) whose estimated profiling time fits ``budget_seconds``.
+
+    Start-up must stay short (target: under 10 % of server start-up). The cost of a probe is estimated from two
+    measured ones (smallest and largest verify batch, linear in B between them); then, in order, we drop repeats,
+    drop per-probe warm-ups, and finally thin the grid. The table's interpolation covers what a thinner grid skips,
+    and online refinement corrects it while serving.
+    """
     probes = list(plan.probes())
+    smallest = min(probes, key=lambda p: p[1])
     largest = max(probes, key=lambda p: p[1])
-    measure(*largest)  # warm-up (first-call allocations)
-    per_probe = measure(*largest)
-    estimate = per_probe * len(probes)
-    return max(1, min(3, int(budget_seconds / max(estimate, 1e-9)) - 1))
+    measure(*largest)  # first-call allocations
+    t_small, t_large = measure(*smallest), measure(*largest)
+    span = max(1, largest[1] - smallest[1])
+
+    def one_pass(candidate: ProbePlan) -> float:
+        return sum(t_small + (t_large - t_small) * (b - smallest[1]) / span for _, b in candidate.probes())
+
+    for repeats, warmup in ((3, 1), (2, 0), (1, 0)):
+        if one_pass(plan) * (repeats + warmup) <= budget_seconds:
+            return plan, repeats, warmup
+    max_probes = plan.num_probes
+    while max_probes > 8:
+        max_probes = max(8, int(max_probes * 0.7))
+        thinner = make_probe_plan(max_requests, gamma, pool_tokens, max_probes=max_probes)
+        if one_pass(thinner) <= budget_seconds:
+            return thinner, 1, 0
+    logger.warning(
+        "sglang-dspark: SPS profiling needs ~%.1f s even on a minimal grid (budget %.1f s)", one_pass(thinner), budget_seconds
+    )
+    return thinner, 1, 0

@@ -1,0 +1,129 @@
+"""Serve several configurations one after another in ONE run and print their throughput side by side (ratios).
+
+These machines are noisy: compare configurations measured in the same run, never numbers from different runs.
+
+    .venv/bin/python benchmarks/serve_side_by_side.py                        # tiny pair: no-spec vs DSPARK
+    .venv/bin/python benchmarks/serve_side_by_side.py --suite scheduler      # DSPARK: scheduler on vs off
+    .venv/bin/python benchmarks/serve_side_by_side.py --model-path T --draft-model-path D --concurrency 1 4
+
+Each configuration is a real `python -m sglang.launch_server` on 127.0.0.1 (stopped by PID after its run); the
+same prompts are sent at each concurrency level; tokens/s = generated tokens / wall time of the level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from sglang_dspark.server_process import start_server
+
+PROMPTS = [
+    "def main():", "import os\nimport sys\n", "class Parser(object):\n    def __init__(self", "for i in range(10):",
+    "if __name__ == '__main__':", "try:\n    import", "def __repr__(self):\n        return", "raise ValueError(",
+    "with open(path) as f:", "while True:\n    line =", "self.assertEqual(", "from collections import",
+    "async def fetch(", "@property\ndef name(self):", "except KeyError:", "print(f\"{",
+]
+
+
+def suites(args) -> dict[str, list[tuple[str, list[str], dict]]]:
+    draft = ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(args.draft_model_path)]
+    return {
+        "spec": [
+            ("no-spec", [], {}),
+            ("DSPARK (async, default)", draft, {}),
+        ],
+        "scheduler": [
+            ("DSPARK scheduler off (verify-all)", draft, {"SGLANG_DSPARK_ADMISSION": "verify-all"}),
+            ("DSPARK scheduler on (async)", draft, {"SGLANG_DSPARK_ADMISSION": "async"}),
+        ],
+        "upstream": [
+            ("upstream DSPARK static", draft, {"SGLANG_DSPARK_WORKER": "upstream"}),
+            ("sglang-dspark DSPARK", draft, {}),
+        ],
+    }
+
+
+def run_level(server, concurrency: int, max_new_tokens: int, temperature: float) -> dict:
+    params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": True}
+    prompts = (PROMPTS * ((concurrency * 2) // len(PROMPTS) + 1))[: max(concurrency * 2, 4)]
+    server.generate(prompts[0], dict(params, max_new_tokens=8))  # warm-up
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda p: server.generate(p, dict(params)), prompts))
+    seconds = time.perf_counter() - started
+    tokens = sum(r["meta_info"]["completion_tokens"] for r in results)
+    accept = [r["meta_info"].get("spec_accept_length") for r in results if r["meta_info"].get("spec_accept_length")]
+    return {
+        "tokens_per_second": tokens / seconds,
+        "accept_length": sum(accept) / len(accept) if accept else None,
+    }
+
+
+def admission_summary(server) -> dict:
+    try:
+        return server.get("/server_info").json()["internal_states"][0].get("dspark_admission") or {}
+    except Exception:  # noqa: BLE001 - non-DSPARK servers have no such key
+        return {}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=["spec", "scheduler", "upstream"], default="spec")
+    parser.add_argument("--model-path")
+    parser.add_argument("--draft-model-path")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-total-tokens", type=int, default=8192)
+    args = parser.parse_args(argv)
+    if not args.model_path:
+        from sglang_dspark.default_models import ensure_default_pair
+
+        args.model_path, args.draft_model_path = ensure_default_pair()
+    log_dir = Path(tempfile.mkdtemp(prefix="sglang-dspark-bench-"))
+    configs = suites(args)[args.suite]
+    rows = []
+    for label, extra, env in tqdm(configs, desc="configurations", unit="server"):
+        server = start_server(
+            args.model_path, ["--dtype", args.dtype, *extra], env=env,
+            max_total_tokens=args.max_total_tokens, log_dir=log_dir,
+        )
+        try:
+            row = {"label": label, "startup_s": server.startup_seconds}
+            for c in args.concurrency:
+                row[c] = run_level(server, c, args.max_new_tokens, args.temperature)
+            row["admission"] = admission_summary(server)
+        finally:
+            server.stop()
+        rows.append(row)
+
+    base = rows[0]
+    print(f"\nsuite={args.suite} model={args.model_path} max_new_tokens={args.max_new_tokens} "
+          f"temperature={args.temperature} (logs: {log_dir})")
+    header = f"{'configuration':36s} {'start s':>8s}" + "".join(
+        f" {'c=' + str(c) + ' tok/s':>12s} {'ratio':>6s} {'accept':>7s}" for c in args.concurrency
+    ) + f" {'step ms':>8s} {'admitted':>9s}"
+    print(header)
+    for row in rows:
+        line = f"{row['label']:36s} {row['startup_s']:8.1f}"
+        for c in args.concurrency:
+            tps = row[c]["tokens_per_second"]
+            accept = row[c]["accept_length"]
+            line += f" {tps:12.1f} {tps / base[c]['tokens_per_second']:6.2f} {accept if accept else float('nan'):7.2f}"
+        adm = row["admission"]
+        step = adm.get("mean_step_ms")
+        admitted = adm.get("mean_admitted_draft_len")
+        line += f" {step if step is not None else float('nan'):8.2f} {admitted if admitted is not None else float('nan'):9.2f}"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

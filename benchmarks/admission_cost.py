@@ -50,12 +50,12 @@ def median_microseconds(fn, runs: int, progress: tqdm) -> float:
     return statistics.median(samples) / 1e3
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200, help="timed runs per cell (median reported)")
     parser.add_argument("--gamma", type=int, default=16)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave the default)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -122,6 +122,9 @@ def main(argv=None) -> int:
         admitted = adm.get("mean_admitted_draft_len")
         line += f" {step if step is not None else float('nan'):8.2f} {admitted if admitted is not None else float('nan'):9.2f}"
         print(line)
+    steps = [row["admission"].get("mean_step_ms") for row in rows]
+    if all(steps):
+        print("step time ratio vs first row: " + ", ".join(f"{row['label']}: {s / steps[0]:.2f}" for row, s in zip(rows, steps)))
     return 0
 
 

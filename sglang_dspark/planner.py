@@ -122,7 +122,10 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         )
 
     def _schedule_verify_lens(self, *, req_pool_indices, prefix_lens, device, confidence, budget):
-        if self.admission_policy == "exact" and confidence is not None and self._budget_planner is not None:
+        if self.admission_policy == "off" and self._budget_planner is not None:
+            # Anchor only, also on steps where upstream would fall back to verify-all (no lagged budget yet).
+            verify_lens = torch.ones(int(req_pool_indices.shape[0]), dtype=torch.int32, device=device)
+        elif self.admission_policy == "exact" and confidence is not None and self._budget_planner is not None:
             # Algorithm 1 with its first-non-improvement stop, on this step's confidences. It needs them on the host,
             # so it synchronises; that is the price of the exact policy (async is the zero-sync default).
             lengths = admit_exact(confidence.detach().to("cpu", torch.float64), self.sps_table)

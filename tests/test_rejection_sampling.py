@@ -380,16 +380,14 @@ def interpreter_parity(tmp_path_factory):
     A subprocess keeps the interpreter flag (which triton reads both when @triton.jit runs and lazily at launch)
     away from this process. Returns [(name, inputs, block, kernel_outputs)].
     """
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed")
+    # triton and sglang are part of the test install (scripts/install.sh): their absence is a failure, not a skip.
+    assert importlib.util.find_spec("triton") is not None, "triton is not installed"
     spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("sglang is not installed")
+    assert spec is not None and spec.submodule_search_locations, "sglang is not installed"
     path = os.path.join(
         list(spec.submodule_search_locations)[0], "kernels", "ops", "speculative", "reject_sampling.py"
     )
-    if not os.path.exists(path):
-        pytest.skip(f"kernel source not found at {path}")
+    assert os.path.exists(path), f"kernel source not found at {path}"
     workdir = tmp_path_factory.mktemp("interpreter_parity")
     cases = _parity_case_list()
     torch.save(cases, workdir / "cases.pt")
@@ -401,8 +399,6 @@ def interpreter_parity(tmp_path_factory):
         text=True,
         timeout=300,
     )
-    if proc.returncode == 3:
-        pytest.skip(f"Triton interpreter cannot run the kernel on CPU: {proc.stderr.strip()[-500:]}")
     assert proc.returncode == 0, f"interpreter run failed:\n{proc.stderr[-3000:]}"
     outputs = torch.load(workdir / "outputs.pt", weights_only=False)
     return [(name, inputs, block, outputs[name]) for name, inputs, block in cases]
@@ -553,7 +549,7 @@ def _chisq(samples, probs):
 
     An outcome of probability 0 that occurs at all is a certain rejection: p-value 0.
     """
-    chisquare = pytest.importorskip("scipy.stats").chisquare
+    from scipy.stats import chisquare
     probs = probs.double().flatten()
     counts = torch.bincount(samples, minlength=probs.numel()).double()
     zero = probs <= 0

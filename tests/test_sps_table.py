@@ -229,11 +229,9 @@ def test_summary(plan):
 @pytest.fixture(scope="module")
 def upstream_sps():
     spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("sglang is not installed")
+    assert spec is not None and spec.submodule_search_locations, "sglang is not installed"
     path = Path(spec.submodule_search_locations[0]) / "srt/speculative/dspark_components/dspark_sps.py"
-    if not path.exists():
-        pytest.skip(f"{path} not found")
+    assert path.exists(), f"{path} not found"
     module_spec = importlib.util.spec_from_file_location("_upstream_dspark_sps", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)

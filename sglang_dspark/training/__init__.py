@@ -10,6 +10,8 @@ Modules (one concept each):
 * ``trainer``      AdamW + cosine schedule, gradient clipping, resumable checkpoints, deterministic seed.
 * ``export``       DeepSpec-format ``config.json`` + ``model.safetensors`` (loadable by SGLang's Qwen3DSparkModel).
 * ``sts``          sequential temperature scaling of the confidence head, written in SGLang's STS JSON format.
+* ``check_sglang_forward``  one draft round computed by SGLang's own Qwen3DSparkModel code (subprocess check).
+* ``bench``        synthetic training-throughput estimate for a given draft geometry.
 
 CLI: ``python -m sglang_dspark.training {train,features,export,calibrate} ...``.
 """

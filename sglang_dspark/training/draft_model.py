@@ -1,18 +1,21 @@
 """A plain-torch DSpark draft that computes exactly what SGLang 0.5.23 serves from a DeepSpec checkpoint.
 
-Serving conventions this module reproduces (verified in SGLang 0.5.23, see the training README section of the
-report / tests):
+Serving conventions this module reproduces (read in SGLang 0.5.23's python/sglang/srt; checked numerically by
+tests/test_training.py, which runs SGLang's own Qwen3DSparkModel code through ``check_sglang_forward``):
 
-* Context: for every committed target token at position ``j`` the draft gets ``hidden_norm(fc(cat_l H_l[j]))``,
-  where ``H_l`` is the output of target decoder layer ``l`` (SGLang captures it at the input of layer ``l+1``).
-  Each draft layer turns it into K (``k_proj`` -> per-head ``k_norm`` -> RoPE at ``j``) and V (``v_proj``); no
-  input layernorm is applied to the context. Only tokens the target has already run through are committed, so
-  the anchor (the bonus token of the previous round) has no feature yet: the block sees positions ``< anchor_pos``.
-* Block: ``[anchor, mask x (gamma-1)]`` at positions ``anchor_pos + k``, attending to the whole context and
-  bidirectionally to the whole block; slot ``k`` predicts the token at ``anchor_pos + k + 1`` (no slot dropped).
-* Output: ``h = norm(backbone)``; base logits ``lm_head(h)`` with the target's frozen head; Markov bias
-  ``markov_w2(markov_w1[prev])`` with ``prev`` = anchor for slot 0, else the token chosen at the slot before;
-  confidence logit ``proj([h ; markov_w1[prev]])`` in fp32.
+* Context: for every committed target token at position ``j`` the draft gets ``hidden_norm(fc(cat_l H_l[j]))``
+  (models/dflash.py ``project_target_hidden``), where ``H_l`` is the output of target decoder layer ``l``
+  (models/llama.py ``set_dflash_layers_to_capture`` captures the residual stream entering layer ``l+1``). Each
+  draft layer turns it into K (``k_proj`` -> per-head ``k_norm`` -> RoPE at ``j``) and V (``v_proj``), with no
+  input layernorm (models/dspark.py ``write_target_hidden_kv``). Injected rows are the target's verify rows
+  ``[anchor, accepted drafts]`` at ``prefix_len + j`` (dspark_kv_inject.py ``inject_ragged``); the next anchor
+  (bonus token) has not been through the target yet, so a block sees context positions ``< anchor_pos``.
+* Block: ``[anchor, mask x (gamma-1)]`` at positions ``seq_len + k`` with ``seq_len`` = anchor position
+  (dspark_draft.py ``_run_forward``), ENCODER_ONLY attention (non-causal) over cache + block; with
+  ``sample_from_anchor`` (default true) slot ``k`` predicts the token at ``anchor_pos + k + 1``, no slot dropped.
+* Output: ``h = norm(backbone)``; base logits ``lm_head(h)`` with the target's head (``compute_base_logits``);
+  Markov bias ``markov_w2(markov_w1[prev])`` with ``prev`` = anchor for slot 0, else the token drafted at the slot
+  before; confidence logit ``proj([h ; markov_w1[prev]])`` in fp32 (``DSparkConfidenceHead.predict``).
 
 ``training_forward`` runs many anchors of one packed row of sequences at once (a boolean block-sparse mask and
 ``scaled_dot_product_attention``); ``draft_block`` runs one inference round the way the server does (context K/V
@@ -329,7 +332,9 @@ class DSparkDraft(nn.Module):
         """[T, n_layers*d] raw target layer outputs -> [T, d] context rows (SGLang's project_target_hidden)."""
         return self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
 
-    def context_kv(self, target_hidden: torch.Tensor, positions: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    def context_kv(
+        self, target_hidden: torch.Tensor, positions: torch.Tensor
+    ) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """Per draft layer, the K/V a server writes into the draft KV pool for these committed tokens."""
         ctx = self.project_context(target_hidden)
         cos, sin = self.rotary.cos_sin(positions)
@@ -381,6 +386,38 @@ class DSparkDraft(nn.Module):
         blk = blk_id[:, None] == blk_id[None, :]
         return torch.cat([ctx, blk], dim=1)
 
+    def training_hidden(
+        self,
+        input_ids: torch.Tensor,
+        target_hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        seq_start: torch.Tensor,
+        anchor_index: torch.Tensor,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Backbone part of ``training_forward``: (final-normed hidden [A, gamma, d], teacher-forced prev
+        [A, gamma])."""
+        s = input_ids.shape[0]
+        g = self.gamma
+        ctx_kv = self.context_kv(target_hidden, position_ids)
+        block_ids = self.block_input_ids(input_ids[anchor_index])
+        offs = torch.arange(g, device=input_ids.device)
+        block_pos = position_ids[anchor_index][:, None] + offs[None, :]
+        mask = self.training_mask(anchor_index, seq_start[anchor_index], s, g)
+        hidden = self._backbone(block_ids, block_pos, ctx_kv, mask)
+        prev = input_ids[(anchor_index[:, None] + offs[None, :]).clamp(max=s - 1)]
+        return hidden, prev
+
+    def heads(self, hidden: torch.Tensor, prev: torch.Tensor) -> BlockOutput:
+        """Vocabulary-sized part: base logits, Markov-corrected logits, confidence logits (fp32)."""
+        base = self.base_logits(hidden)
+        return BlockOutput(
+            hidden=hidden,
+            base_logits=base,
+            logits=base + self.markov_bias(prev),
+            confidence_logits=self.confidence(hidden, prev),
+            prev_tokens=prev,
+        )
+
     def training_forward(
         self,
         input_ids: torch.Tensor,
@@ -395,23 +432,7 @@ class DSparkDraft(nn.Module):
         sequence), seq_start [S] (packed index where each token's sequence starts), anchor_index [A] packed indices.
         Markov and confidence inputs are teacher forced: slot k's previous token is the data token at anchor+k.
         """
-        s = input_ids.shape[0]
-        g = self.gamma
-        ctx_kv = self.context_kv(target_hidden, position_ids)
-        block_ids = self.block_input_ids(input_ids[anchor_index])
-        offs = torch.arange(g, device=input_ids.device)
-        block_pos = position_ids[anchor_index][:, None] + offs[None, :]
-        mask = self.training_mask(anchor_index, seq_start[anchor_index], s, g)
-        hidden = self._backbone(block_ids, block_pos, ctx_kv, mask)
-        prev = input_ids[(anchor_index[:, None] + offs[None, :]).clamp(max=s - 1)]
-        base = self.base_logits(hidden)
-        return BlockOutput(
-            hidden=hidden,
-            base_logits=base,
-            logits=base + self.markov_bias(prev),
-            confidence_logits=self.confidence(hidden, prev),
-            prev_tokens=prev,
-        )
+        return self.heads(*self.training_hidden(input_ids, target_hidden, position_ids, seq_start, anchor_index))
 
     # ----------------------------------------------------------------------------- inference
 

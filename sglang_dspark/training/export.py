@@ -93,7 +93,9 @@ def build_draft_config(
     return cfg
 
 
-def draft_state_dict(model: DSparkDraft, *, include_shared: bool = True, dtype: Optional[torch.dtype] = None) -> Dict[str, torch.Tensor]:
+def draft_state_dict(
+    model: DSparkDraft, *, include_shared: bool = True, dtype: Optional[torch.dtype] = None
+) -> Dict[str, torch.Tensor]:
     sd = {}
     for k, v in model.state_dict().items():
         if not include_shared and k.startswith(("embed_tokens.", "lm_head.")):

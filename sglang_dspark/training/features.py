@@ -72,7 +72,9 @@ def validate_layer_ids(layer_ids: Sequence[int], num_target_layers: int) -> List
 class TargetRunner:
     """The frozen target (transformers Llama / Qwen3 / any decoder with ``output_hidden_states``)."""
 
-    def __init__(self, target_dir: Path, layer_ids: Sequence[int], dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, target_dir: Path, layer_ids: Optional[Sequence[int]], dtype: torch.dtype = torch.float32
+    ) -> None:
         tf = _transformers()
         self.target_dir = Path(target_dir)
         self.model = tf.AutoModelForCausalLM.from_pretrained(self.target_dir, dtype=dtype).eval()
@@ -80,7 +82,8 @@ class TargetRunner:
             p.requires_grad_(False)
         self.config = json.loads((self.target_dir / "config.json").read_text(encoding="utf-8"))
         self.num_layers = int(self.model.config.num_hidden_layers)
-        self.layer_ids = validate_layer_ids(layer_ids, self.num_layers)
+        # None: only the shared weights are wanted (no feature extraction)
+        self.layer_ids = None if layer_ids is None else validate_layer_ids(layer_ids, self.num_layers)
         self.base = self.model.get_decoder()
 
     def shared_weights(self) -> Dict[str, torch.Tensor]:

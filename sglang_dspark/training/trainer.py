@@ -18,7 +18,7 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -38,6 +38,7 @@ class TrainConfig:
     batch_size: int = 8  # sequences per optimizer step
     num_anchors: int = 64  # per sequence (DeepSpec: 512 on GPUs)
     micro_tokens: int = 4096  # context tokens per forward (packed sequences)
+    head_chunk: int = 32  # anchors per vocabulary-sized head/loss chunk (0: all at once)
     lr: float = 6e-4
     min_lr_ratio: float = 0.0
     warmup_ratio: float = 0.04
@@ -53,6 +54,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 10
     threads: Optional[int] = None
+    device: str = "cpu"  # batches are built on the CPU and moved; bitwise resume is only promised on the CPU
     progress: bool = True
 
     def to_json(self) -> dict:
@@ -75,6 +77,7 @@ class MicroBatch:
     labels: torch.Tensor  # [A, gamma]
     valid: torch.Tensor  # [A, gamma]
     target_rows: torch.Tensor  # [A, gamma] packed index whose target hidden predicts the label
+    anchor_end: torch.Tensor  # [A] packed index one past the anchor's sequence
 
 
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, gen: torch.Generator) -> torch.Tensor:
@@ -119,10 +122,19 @@ def pack(items: Sequence[Tuple[CachedSequence, torch.Tensor]], gamma: int) -> Mi
         labels=input_ids[safe],
         valid=valid,
         target_rows=(label_idx - 1).clamp(max=off - 1),
+        anchor_end=end,
     )
 
 
+def _to_device(mb: MicroBatch, dev: torch.device) -> MicroBatch:
+    if mb.input_ids.device == dev:
+        return mb
+    return MicroBatch(**{k: v.to(dev, non_blocking=True) for k, v in vars(mb).items()})
+
+
 def micro_loss(model: DSparkDraft, mb: MicroBatch, cfg: TrainConfig, denom, compute_dtype=torch.float32):
+    """The whole micro-batch's loss in one graph (simple; memory grows with anchors x vocab)."""
+    mb = _to_device(mb, model.fc.weight.device)
     out = model.training_forward(
         mb.input_ids, mb.aux.to(compute_dtype), mb.position_ids, mb.seq_start, mb.anchor_index
     )
@@ -132,6 +144,42 @@ def micro_loss(model: DSparkDraft, mb: MicroBatch, cfg: TrainConfig, denom, comp
         out.logits, target_logits, mb.labels, out.confidence_logits, mb.valid,
         decay=cfg.loss_decay, alpha_ce=cfg.alpha_ce, alpha_l1=cfg.alpha_l1, alpha_conf=cfg.alpha_conf, denom=denom,
     )
+
+
+def micro_backward(model: DSparkDraft, mb: MicroBatch, cfg: TrainConfig, denom, compute_dtype=torch.float32):
+    """Forward + backward of one micro-batch with the vocabulary-sized heads run ``cfg.head_chunk`` anchors at a
+    time: the backbone runs once, each chunk's loss is backpropagated to a detached copy of the hidden states,
+    and their summed gradient is then sent through the backbone. Same gradient as ``micro_loss(...).backward()``
+    (every chunk divides by the step's weight sum), with memory bounded by chunk x vocab instead of anchors x vocab.
+    Returns (loss terms as floats, summed stats)."""
+    mb = _to_device(mb, model.fc.weight.device)
+    hidden, prev = model.training_hidden(
+        mb.input_ids, mb.aux.to(compute_dtype), mb.position_ids, mb.seq_start, mb.anchor_index
+    )
+    h = hidden.detach().requires_grad_(True)
+    totals = {"loss": 0.0, "ce": 0.0, "l1": 0.0, "conf": 0.0}
+    stats: Dict[str, torch.Tensor] = {}
+    n = int(mb.anchor_index.shape[0])
+    step = max(1, int(cfg.head_chunk)) if cfg.head_chunk else max(1, n)
+    for a in range(0, n, step):
+        sl = slice(a, a + step)
+        out = model.heads(h[sl], prev[sl])
+        with torch.no_grad():
+            target_logits = model.base_logits(mb.last[mb.target_rows[sl]].to(compute_dtype))
+        parts = dspark_loss(
+            out.logits, target_logits, mb.labels[sl], out.confidence_logits, mb.valid[sl],
+            decay=cfg.loss_decay, alpha_ce=cfg.alpha_ce, alpha_l1=cfg.alpha_l1, alpha_conf=cfg.alpha_conf,
+            denom=denom,
+        )
+        parts.total.backward()
+        for k, v in (("loss", parts.total), ("ce", parts.ce), ("l1", parts.l1), ("conf", parts.conf)):
+            totals[k] += float(v.detach())
+        for k, v in parts.stats.items():
+            v = v.detach().cpu()
+            stats[k] = stats[k] + v if k in stats else v
+    if n and h.grad is not None:
+        hidden.backward(h.grad)
+    return totals, stats
 
 
 # --------------------------------------------------------------------------------------------- schedule
@@ -163,9 +211,12 @@ class Trainer:
         self.indices = list(range(len(cache))) if indices is None else list(indices)
         if not self.indices:
             raise ValueError("no training sequences")
+        model.to(cfg.device)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg.steps, cfg.warmup_ratio, cfg.min_lr_ratio))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lr_lambda(cfg.steps, cfg.warmup_ratio, cfg.min_lr_ratio)
+        )
         self.step = 0
         self.epoch = 0
         self.epoch_pos = 0
@@ -240,7 +291,7 @@ class Trainer:
         return found[-1] if found else None
 
     def load_checkpoint(self, path: Path) -> None:
-        st = torch.load(path, map_location="cpu", weights_only=False)
+        st = torch.load(path, map_location=self.cfg.device, weights_only=False)
         if st["draft_config"] != self.model.config:
             raise ValueError(f"{path} was written for a different draft config")
         for key in ("steps", "batch_size", "num_anchors", "lr", "seed", "warmup_ratio"):
@@ -252,8 +303,8 @@ class Trainer:
             raise ValueError(f"{path}: weights do not match the model ({missing}, {unexpected})")
         self.opt.load_state_dict(st["optimizer"])
         self.sched.load_state_dict(st["scheduler"])
-        self.anchor_gen.set_state(st["anchor_gen"])
-        torch.set_rng_state(st["torch_rng"])
+        self.anchor_gen.set_state(st["anchor_gen"].cpu())
+        torch.set_rng_state(st["torch_rng"].cpu())
         random.setstate(st["python_rng"])
         self.step, self.epoch, self.epoch_pos = st["step"], st["epoch"], st["epoch_pos"]
         self.history = list(st.get("history", []))
@@ -270,12 +321,11 @@ class Trainer:
         stats: Dict[str, torch.Tensor] = {}
         ctx_tokens = slots = 0
         for mb in micro:
-            parts = micro_loss(self.model, mb, self.cfg, denom)
-            parts.total.backward()
-            for k, v in (("loss", parts.total), ("ce", parts.ce), ("l1", parts.l1), ("conf", parts.conf)):
-                totals[k] += float(v)
-            for k, v in parts.stats.items():
-                stats[k] = stats.get(k, 0) + v
+            t, st = micro_backward(self.model, mb, self.cfg, denom)
+            for k, v in t.items():
+                totals[k] += v
+            for k, v in st.items():
+                stats[k] = stats[k] + v if k in stats else v
             ctx_tokens += int(mb.input_ids.numel())
             slots += int(mb.valid.sum())
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
@@ -301,15 +351,18 @@ class Trainer:
             rec["conf_abs_err"] = float(stats["conf_abs_err_sum"] / n_slots.sum())
         return rec
 
-    def train(self, resume: bool = False) -> List[dict]:
+    def train(self, resume: bool = False, stop_after: Optional[int] = None) -> List[dict]:
+        """Run to ``cfg.steps`` (``stop_after``: return early at that step, as an interruption would)."""
         from tqdm.auto import tqdm
 
         if self.cfg.threads:
             torch.set_num_threads(int(self.cfg.threads))
-        if resume:
-            ck = self.latest_checkpoint()
-            if ck is not None:
-                self.load_checkpoint(ck)
+        ck = self.latest_checkpoint()
+        if resume and ck is not None:
+            self.load_checkpoint(ck)
+        elif ck is not None and self.step == 0:
+            # a fresh run would interleave its checkpoints with the old run's (and prune the wrong ones)
+            raise FileExistsError(f"{self.ckpt_dir} already holds {ck.name}: resume it or use another output folder")
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "train_config.json").write_text(json.dumps(self.cfg.to_json(), indent=2) + "\n")
         log = open(self.out / "train_log.jsonl", "a", encoding="utf-8")
@@ -317,7 +370,7 @@ class Trainer:
                    disable=not self.cfg.progress, dynamic_ncols=True)
         self.model.train()
         try:
-            while self.step < self.cfg.steps:
+            while self.step < self.cfg.steps and (stop_after is None or self.step < stop_after):
                 rec = self.train_step()
                 self.history.append({k: rec[k] for k in ("step", "loss", "ce", "l1", "conf", "tau")})
                 bar.update(1)

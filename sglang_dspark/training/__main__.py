@@ -1,0 +1,327 @@
+"""``python -m sglang_dspark.training {features,train,export,calibrate}``: train a DSpark draft for a target.
+
+    train      --target DIR --data FILE.jsonl --out RUN [--block-size 7 --layers 2 --markov-rank 64 --steps N ...]
+               caches target features (RUN/features), trains (RUN/checkpoints, --resume), exports RUN/draft
+    features   --target DIR --data FILE.jsonl --cache-dir DIR          (only the target pass)
+    export     --run RUN --out DIR [--omit-shared] [--dtype bfloat16]  (latest checkpoint -> DeepSpec checkpoint)
+    calibrate  --draft DIR (--target DIR --data FILE.jsonl | --cache-dir DIR | --sts-data GLOB) --out sts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import torch
+
+from .draft_model import DSparkDraft, default_target_layer_ids, init_std, num_params
+from .export import build_draft_config, load_draft, save_draft
+from .features import DTYPES, FeatureCache, build_feature_cache, validate_layer_ids
+from .trainer import CKPT_PREFIX, TrainConfig, Trainer
+
+
+def _ints(s: str) -> List[int]:
+    return [int(x) for x in s.replace(" ", "").split(",") if x]
+
+
+def _target_config(target: Path) -> dict:
+    return json.loads((Path(target) / "config.json").read_text(encoding="utf-8"))
+
+
+def _tokenizer(target: Path):
+    from .features import _transformers
+
+    return _transformers().AutoTokenizer.from_pretrained(str(target))
+
+
+def resolve_mask_token_id(target: Path, vocab_size: int, explicit: Optional[int], tokenizer=None) -> int:
+    """Explicit id, else the tokenizer's mask token, else the first embedding row past the tokenizer (Qwen3's
+    choice: an unused, frozen row). Targets whose vocab has no spare row must name a rarely used token."""
+    if explicit is not None:
+        return int(explicit)
+    tok = tokenizer if tokenizer is not None else _tokenizer(target)
+    if getattr(tok, "mask_token_id", None) is not None:
+        return int(tok.mask_token_id)
+    if len(tok) < vocab_size:
+        return len(tok)
+    raise SystemExit(
+        f"the target's vocab ({vocab_size}) has no unused row and its tokenizer no mask token: pass "
+        "--mask-token-id with the id of a token the data never contains (e.g. an unused special token)"
+    )
+
+
+def _dtype_of(cfg: dict) -> str:
+    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+
+
+def _load_sequences(args, tokenizer):
+    from .data import load_sequences
+
+    return load_sequences(Path(args.data), tokenizer, max_length=args.max_length,
+                          min_loss_tokens=args.min_loss_tokens, limit=args.limit)
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-length", type=int, default=2048)
+    p.add_argument("--min-loss-tokens", type=int, default=2)
+    p.add_argument("--limit", type=int, default=None, help="use only the first N sequences")
+    p.add_argument("--feature-dtype", default="bfloat16", choices=sorted(DTYPES), help="cache storage dtype")
+    p.add_argument("--target-dtype", default="float32", choices=sorted(DTYPES), help="dtype the target runs in")
+    p.add_argument("--feature-batch-tokens", type=int, default=8192)
+
+
+def _build_cache(args, target: Path, layer_ids, cache_dir: Path, tokenizer) -> FeatureCache:
+    seqs = _load_sequences(args, tokenizer)
+    if not seqs:
+        raise SystemExit(f"no usable sequences in {args.data}")
+    return build_feature_cache(target, seqs, cache_dir, layer_ids, store_dtype=DTYPES[args.feature_dtype],
+                               target_dtype=DTYPES[args.target_dtype], batch_tokens=args.feature_batch_tokens,
+                               progress=not args.quiet)
+
+
+# --------------------------------------------------------------------------------------------- train
+
+
+def cmd_train(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = Path(args.target)
+    out = Path(args.out)
+    tcfg = _target_config(target)
+    n_layers = int(tcfg["num_hidden_layers"])
+    run_path = out / "run.json"
+    if not args.resume and any((out / "checkpoints").glob(f"{CKPT_PREFIX}*.pt")):
+        raise SystemExit(f"{out} already has checkpoints: pass --resume, or choose another --out")
+    if args.resume and run_path.is_file():
+        run = json.loads(run_path.read_text())
+        dcfg = run["draft_config"]
+    else:
+        tok = _tokenizer(target)
+        ids = _ints(args.target_layer_ids) if args.target_layer_ids else default_target_layer_ids(
+            n_layers, args.num_context_features or min(max(args.layers, 3), n_layers - 1))
+        validate_layer_ids(ids, n_layers)
+        dcfg = build_draft_config(
+            tcfg, num_draft_layers=args.layers, block_size=args.block_size,
+            mask_token_id=resolve_mask_token_id(target, int(tcfg["vocab_size"]), args.mask_token_id, tok),
+            target_layer_ids=ids, markov_rank=args.markov_rank, confidence_head=not args.no_confidence_head,
+            num_anchors=args.num_anchors, dtype=args.export_dtype or _dtype_of(tcfg),
+        )
+        if args.intermediate_size:
+            dcfg["intermediate_size"] = int(args.intermediate_size)
+        run = {"target": str(target.resolve()), "data": str(Path(args.data).resolve()), "draft_config": dcfg}
+        out.mkdir(parents=True, exist_ok=True)
+        run_path.write_text(json.dumps(run, indent=2, sort_keys=True) + "\n")
+    cache_dir = Path(args.cache_dir) if args.cache_dir else out / "features"
+    tok = None if _jsonl_is_tokenized(Path(args.data)) else _tokenizer(target)
+    cache = _build_cache(args, target, dcfg["target_layer_ids"], cache_dir, tok)
+
+    model = DSparkDraft(dcfg)
+    model.init_trainable(torch.Generator().manual_seed(args.seed), init_std(dcfg))
+    shared = cache.shared_weights()
+    model.set_shared(shared["embed_tokens.weight"].float(), shared["lm_head.weight"].float())
+    cfg = TrainConfig(
+        out_dir=str(out), steps=args.steps, batch_size=args.batch_size, num_anchors=args.num_anchors,
+        micro_tokens=args.micro_tokens, head_chunk=args.head_chunk, lr=args.lr, min_lr_ratio=args.min_lr_ratio,
+        warmup_ratio=args.warmup_ratio,
+        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, loss_decay=args.loss_decay,
+        alpha_ce=args.alpha_ce, alpha_l1=args.alpha_l1, alpha_conf=args.alpha_conf, seed=args.seed,
+        save_every=args.save_every, log_every=args.log_every, threads=args.threads, device=args.device,
+        progress=not args.quiet,
+    )
+    if not args.quiet:
+        print(f"draft: {num_params(model)/1e6:.2f}M trainable params, {len(cache)} sequences, "
+              f"target_layer_ids={dcfg['target_layer_ids']}, mask_token_id={dcfg['mask_token_id']}", file=sys.stderr)
+    trainer = Trainer(model, cache, cfg)
+    t0 = time.perf_counter()
+    trainer.train(resume=args.resume)
+    export_dir = Path(args.export_dir) if args.export_dir else out / "draft"
+    save_draft(model, export_dir, include_shared=not args.omit_shared, dtype=DTYPES[_dtype_of(dcfg)],
+               tokenizer_dir=target)
+    if not args.quiet:
+        print(f"trained to step {trainer.step} in {time.perf_counter() - t0:.1f}s; draft -> {export_dir}",
+              file=sys.stderr)
+    print(export_dir)
+    return 0
+
+
+def _jsonl_is_tokenized(path: Path) -> bool:
+    with open(path, "r", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                return "input_ids" in json.loads(line)
+    return True
+
+
+def cmd_features(args) -> int:
+    target = Path(args.target)
+    n_layers = int(_target_config(target)["num_hidden_layers"])
+    ids = _ints(args.target_layer_ids) if args.target_layer_ids else default_target_layer_ids(n_layers, 3)
+    tok = None if _jsonl_is_tokenized(Path(args.data)) else _tokenizer(target)
+    cache = _build_cache(args, target, ids, Path(args.cache_dir), tok)
+    print(f"{len(cache)} sequences cached in {cache.dir}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- export
+
+
+def _model_from_run(run_dir: Path, checkpoint: Optional[Path]) -> DSparkDraft:
+    run = json.loads((run_dir / "run.json").read_text())
+    ck = checkpoint or max((run_dir / "checkpoints").glob(f"{CKPT_PREFIX}*.pt"), default=None)
+    if ck is None:
+        raise SystemExit(f"no checkpoint under {run_dir / 'checkpoints'}")
+    st = torch.load(ck, map_location="cpu", weights_only=False)
+    model = DSparkDraft(run["draft_config"])
+    shared = FeatureCache(run_dir / "features").shared_weights() if (run_dir / "features" / "manifest.json").is_file() \
+        else _shared_from_target(Path(run["target"]))
+    model.set_shared(shared["embed_tokens.weight"].float(), shared["lm_head.weight"].float())
+    model.load_state_dict(st["model"], strict=False)
+    return model
+
+
+def _shared_from_target(target: Path):
+    from .features import TargetRunner
+
+    return TargetRunner(target, None).shared_weights()
+
+
+def cmd_export(args) -> int:
+    run_dir = Path(args.run)
+    model = _model_from_run(run_dir, Path(args.checkpoint) if args.checkpoint else None)
+    run = json.loads((run_dir / "run.json").read_text())
+    dtype = DTYPES[args.dtype] if args.dtype else DTYPES[_dtype_of(model.config)]
+    save_draft(model, Path(args.out), include_shared=not args.omit_shared, dtype=dtype,
+               tokenizer_dir=Path(run["target"]))
+    print(args.out)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- calibrate
+
+
+def cmd_calibrate(args) -> int:
+    from .sts import collect_observations, fit_sts, format_report, load_sglang_shards, write_sts
+
+    if args.sts_data:
+        logits, prefix = load_sglang_shards(args.sts_data)
+        valid = None
+        dataset = args.sts_data
+    else:
+        draft = Path(args.draft)
+        dcfg = json.loads((draft / "config.json").read_text())
+        if args.cache_dir and (Path(args.cache_dir) / "manifest.json").is_file() and not args.data:
+            cache = FeatureCache(Path(args.cache_dir))
+        else:
+            if not (args.target and args.data):
+                raise SystemExit("calibrate needs --sts-data, or --cache-dir, or --target with --data")
+            tok = None if _jsonl_is_tokenized(Path(args.data)) else _tokenizer(Path(args.target))
+            cache_dir = Path(args.cache_dir) if args.cache_dir else Path(args.out).with_suffix(".features")
+            cache = _build_cache(args, Path(args.target), dcfg["target_layer_ids"], cache_dir, tok)
+        if cache.layer_ids != list(dcfg["target_layer_ids"]):
+            raise SystemExit(f"cache layers {cache.layer_ids} != draft target_layer_ids {dcfg['target_layer_ids']}")
+        model = load_draft(draft, shared=cache.shared_weights())
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        logits, prefix, valid = collect_observations(model, cache, anchors_per_seq=args.anchors_per_seq,
+                                                     seed=args.seed, progress=not args.quiet)
+        dataset = str(args.data or args.cache_dir)
+    fit = fit_sts(logits, prefix, valid, num_bins=args.num_bins)
+    write_sts(Path(args.out), fit, dataset)
+    print(format_report(fit))
+    print(f"{fit.num_samples} rounds; STS calibration -> {args.out}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m sglang_dspark.training", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("train", help="cache target features, train, export")
+    t.add_argument("--target", required=True)
+    t.add_argument("--data", required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--cache-dir", default=None)
+    t.add_argument("--export-dir", default=None)
+    t.add_argument("--block-size", type=int, default=7)
+    t.add_argument("--layers", type=int, default=2)
+    t.add_argument("--markov-rank", type=int, default=64)
+    t.add_argument("--target-layer-ids", default=None, help="comma list; default evenly spaced")
+    t.add_argument("--num-context-features", type=int, default=None)
+    t.add_argument("--mask-token-id", type=int, default=None)
+    t.add_argument("--intermediate-size", type=int, default=None, help="default: the target's")
+    t.add_argument("--no-confidence-head", action="store_true",
+                   help="SGLang 0.5.23 then serves it only with SGLANG_RAGGED_VERIFY_MODE=static")
+    t.add_argument("--steps", type=int, default=1000)
+    t.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step")
+    t.add_argument("--num-anchors", type=int, default=64, help="anchors per sequence")
+    t.add_argument("--micro-tokens", type=int, default=4096, help="packed context tokens per forward")
+    t.add_argument("--head-chunk", type=int, default=32, help="anchors per vocab-sized loss chunk (memory bound)")
+    t.add_argument("--lr", type=float, default=6e-4)
+    t.add_argument("--min-lr-ratio", type=float, default=0.0)
+    t.add_argument("--warmup-ratio", type=float, default=0.04)
+    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--max-grad-norm", type=float, default=1.0)
+    t.add_argument("--loss-decay", type=float, default=4.0)
+    t.add_argument("--alpha-ce", type=float, default=0.1)
+    t.add_argument("--alpha-l1", type=float, default=0.9)
+    t.add_argument("--alpha-conf", type=float, default=1.0)
+    t.add_argument("--seed", type=int, default=42)
+    t.add_argument("--save-every", type=int, default=200)
+    t.add_argument("--log-every", type=int, default=10)
+    t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--device", default="cpu", help="cpu (default) or e.g. cuda")
+    t.add_argument("--resume", action="store_true")
+    t.add_argument("--omit-shared", action="store_true", help="export without embed_tokens/lm_head copies")
+    t.add_argument("--export-dtype", default=None, help="default: the target's dtype")
+    t.add_argument("--quiet", action="store_true")
+    _add_data_args(t)
+    t.set_defaults(func=cmd_train)
+
+    f = sub.add_parser("features", help="only cache the target's features")
+    f.add_argument("--target", required=True)
+    f.add_argument("--data", required=True)
+    f.add_argument("--cache-dir", required=True)
+    f.add_argument("--target-layer-ids", default=None)
+    f.add_argument("--quiet", action="store_true")
+    _add_data_args(f)
+    f.set_defaults(func=cmd_features)
+
+    e = sub.add_parser("export", help="export a run's checkpoint in DeepSpec's format")
+    e.add_argument("--run", required=True)
+    e.add_argument("--out", required=True)
+    e.add_argument("--checkpoint", default=None)
+    e.add_argument("--omit-shared", action="store_true")
+    e.add_argument("--dtype", default=None, choices=sorted(DTYPES))
+    e.set_defaults(func=cmd_export)
+
+    c = sub.add_parser("calibrate", help="fit STS temperatures for the confidence head")
+    c.add_argument("--draft", default=None)
+    c.add_argument("--target", default=None)
+    c.add_argument("--data", default=None, help="held-out JSONL (target continuations)")
+    c.add_argument("--cache-dir", default=None)
+    c.add_argument("--sts-data", default=None, help="glob of SGLang STS shards (SGLANG_DSPARK_STS_COLLECT_PATH)")
+    c.add_argument("--out", required=True)
+    c.add_argument("--anchors-per-seq", type=int, default=64)
+    c.add_argument("--num-bins", type=int, default=15)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--quiet", action="store_true")
+    _add_data_args(c)
+    c.set_defaults(func=cmd_calibrate)
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

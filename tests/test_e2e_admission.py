@@ -71,12 +71,17 @@ def test_every_policy_is_lossless(policy, tiny_pair, launch, nospec_reference):
 def test_upstream_sps_table_json_still_loads(tiny_pair, launch, nospec_reference, tmp_path):
     args = dspark_args(tiny_pair.draft_dir) + [
         "--speculative-dspark-sps-table-path", str(steep_sps_table(tmp_path / "sps.json")),
+        "--enable-metrics", "--decode-log-interval", "5",
     ]
     with launch(tiny_pair.target_dir, args) as server:
         results = generate_all(server, PROMPTS[:8], GREEDY, concurrency=4)
         info = admission_info(server)
+        metrics = server.get("/metrics").text
     assert_same_ids([r["output_ids"] for r in results] + nospec_reference["bs1"][8:], nospec_reference["bs1"], "json")
     assert info["sps"]["source"] == "upstream-json"
+    # Prometheus (--enable-metrics): our series, exported from the scheduler process.
+    for name in ("sglang_dspark:mean_admitted_draft_len", "sglang_dspark:confidence_ece", "sglang_dspark:admission_policy_info"):
+        assert name in metrics, name
     # The steep table makes extra verify tokens expensive: short windows on average.
     assert info["mean_admitted_draft_len"] < 7
 

@@ -21,6 +21,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 
 def _tolerate_missing_kernel_symbols() -> None:
@@ -40,6 +41,25 @@ def _tolerate_missing_kernel_symbols() -> None:
         return stub
 
     sgl_kernel.__getattr__ = missing
+
+
+def prepare_sglang_model_process(port: int) -> Optional[str]:
+    """Make this process able to build SGLang's DSpark draft modules on the CPU (one-rank gloo group on
+    loopback ``port``). Returns an error text when SGLang's model code cannot be imported here, else None."""
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    try:
+        from sglang_dspark.models.tiny_pair import import_transformers
+
+        import_transformers()
+        _tolerate_missing_kernel_symbols()
+        from sglang.test.layer_ut_utils import init_single_process_dist
+
+        init_single_process_dist(master_port=port)
+        import sglang.srt.models.dspark  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - reported to the caller as an environment error
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _expected_param_values(ckpt: dict, param_names) -> dict:
@@ -133,19 +153,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     modes = args.mode or ["static", "compact"]
 
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    os.environ.setdefault("MASTER_PORT", str(args.port))
-    try:
-        from sglang_dspark.models.tiny_pair import import_transformers
-
-        import_transformers()
-        _tolerate_missing_kernel_symbols()
-        from sglang.test.layer_ut_utils import init_single_process_dist
-
-        init_single_process_dist(master_port=args.port)
-        import sglang.srt.models.dspark  # noqa: F401
-    except Exception as exc:
-        print(json.dumps({"environment_error": f"{type(exc).__name__}: {exc}"}))
+    error = prepare_sglang_model_process(args.port)
+    if error:
+        print(json.dumps({"environment_error": error}))
         return 2
 
     ok = True

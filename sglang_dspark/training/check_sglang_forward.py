@@ -137,22 +137,13 @@ def main(argv=None) -> int:
     ap.add_argument("outputs")
     ap.add_argument("--port", type=int, default=29655)
     args = ap.parse_args(argv)
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     os.environ.setdefault("SGLANG_RAGGED_VERIFY_MODE", "compact")  # builds the confidence head
-    os.environ.setdefault("MASTER_PORT", str(args.port))
     torch.set_num_threads(1)
-    try:
-        from sglang_dspark.models.check_sglang_load import _tolerate_missing_kernel_symbols
-        from sglang_dspark.models.tiny_pair import import_transformers
+    from sglang_dspark.models.check_sglang_load import prepare_sglang_model_process
 
-        import_transformers()
-        _tolerate_missing_kernel_symbols()
-        from sglang.test.layer_ut_utils import init_single_process_dist
-
-        init_single_process_dist(master_port=args.port)
-        import sglang.srt.models.dspark  # noqa: F401
-    except Exception as exc:
-        print(json.dumps({"environment_error": f"{type(exc).__name__}: {exc}"}))
+    error = prepare_sglang_model_process(args.port)
+    if error:
+        print(json.dumps({"environment_error": error}))
         return 2
     res = run(args.draft_dir, torch.load(args.inputs, weights_only=False))
     torch.save(res, args.outputs)

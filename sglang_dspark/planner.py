@@ -5,7 +5,8 @@ host budget ``K`` from confidences two steps back, the device top-K and ``Ragged
 what this subclass adds:
 
 * an SPS table from the first request on: profiled at engine start-up (or cached, or upstream's JSON), 2-D in
-  (requests, verify tokens) instead of upstream's 1-D floor-lookup table; refined online from measured step times;
+  (requests, verify tokens) instead of upstream's 1-D floor-lookup table; plus the rest of the decode step (draft,
+  sampling, bookkeeping), learned online from measured step times (profiler/step_overhead.py);
 * our admission policies (``SGLANG_DSPARK_ADMISSION``): ``async`` (default: upstream's production scheme, with our
   capacity search over the 2-D cost), ``exact`` (Algorithm 1 on the current confidences, host-synchronous),
   ``off`` (verify only the anchor), ``verify-all`` (static mode, decided at argument resolution);
@@ -31,7 +32,7 @@ from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
 from sglang_dspark.admission_policy import read_admission_policy
 from sglang_dspark.admission_stats import get_admission_stats
-from sglang_dspark.profiler.online_refinement import SpsOnlineRefiner
+from sglang_dspark.profiler.step_overhead import OverheadAdjustedCost, StepOverhead
 from sglang_dspark.scheduling import admit_exact, capacity_from_survival
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         super().__init__(**kwargs)
         self.admission_policy = read_admission_policy()
         self.sps_table = None
-        self.sps_refiner: Optional[SpsOnlineRefiner] = None
+        self.step_overhead = StepOverhead()
+        self.step_cost = None  # profiled verify cost + learned step overhead; set by install_sps_table
         self.last_confidence: Optional[torch.Tensor] = None
         stats = get_admission_stats()
         if self._budget_planner is None:
@@ -107,8 +109,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             upstream_table_path=dspark_planner.get_spec().speculative_dspark_sps_table_path,
         )
         self.sps_table = obtained.table
-        self.sps_refiner = SpsOnlineRefiner(self.sps_table)
-        self._budget_planner.cost = self.sps_table
+        self.step_cost = OverheadAdjustedCost(self.sps_table, self.step_overhead)
+        self._budget_planner.cost = self.step_cost
         summary = self.sps_table.summary()
         get_admission_stats().set_sps_summary(summary)
         logger.info(
@@ -121,6 +123,20 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             summary.get("max_steps_per_second", float("nan")),
         )
 
+    def schedule_layout(self, **kwargs):
+        layout = super().schedule_layout(**kwargs)
+        # A window that verifies every draft token of every request is the uniform verify: hand it to upstream's
+        # non-compact path (layout None, as upstream does past its captured grid), which skips the ragged packing and
+        # the compact-to-strided scatter. On the CPU that is ~6 % of a tiny-model step. The decision is the admission
+        # already made, so this changes no token.
+        if (
+            layout is not None
+            and layout.verify_lens_cpu is not None
+            and min(layout.verify_lens_cpu) == self.verify_num_draft_tokens
+        ):
+            return None
+        return layout
+
     def _schedule_verify_lens(self, *, req_pool_indices, prefix_lens, device, confidence, budget):
         if self.admission_policy == "off" and self._budget_planner is not None:
             # Anchor only, also on steps where upstream would fall back to verify-all (no lagged budget yet).
@@ -128,7 +144,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         elif self.admission_policy == "exact" and confidence is not None and self._budget_planner is not None:
             # Algorithm 1 with its first-non-improvement stop, on this step's confidences. It needs them on the host,
             # so it synchronises; that is the price of the exact policy (async is the zero-sync default).
-            lengths = admit_exact(confidence.detach().to("cpu", torch.float64), self.sps_table)
+            lengths = admit_exact(confidence.detach().to("cpu", torch.float64), self.step_cost)
             verify_lens = (lengths + 1).to(device=device, dtype=torch.int32)
             self._tp_sync.sync(SpecTpSyncSite.DSPARK_PLAN, verify_lens)
         else:

@@ -3,8 +3,8 @@
 Upstream SGLang only loads an SPS table profiled offline by an HTTP client against a running server, then needs a
 restart. We time the engine's own target forward in TARGET_VERIFY mode, at the (requests R, verify tokens B) shapes
 the scheduler will choose between, while the worker starts, and cache the result on disk keyed by everything that
-changes it. On restart the cached table is reused; online refinement (profiler/online_refinement.py) then tracks
-the full step time the scheduler really sees.
+changes it. On restart the cached table is reused; while serving, the rest of the step (draft, sampling,
+bookkeeping) is learned on top of it from measured step times (profiler/step_overhead.py).
 
 The synthetic verify batches use request-pool rows and KV slots that are free at start-up (nothing is allocated
 through the allocators, so nothing can leak); the rows are reset afterwards. Their KV contents are garbage, which

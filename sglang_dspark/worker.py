@@ -5,7 +5,7 @@ SGLang reserves the name DSPARK and builds the worker with a call-time import of
 scheduler process is how ``--speculative-algorithm DSPARK`` reaches this class. Upstream's pipeline (draft block,
 Markov sampling, verify, accept, commit) is correct and reused as is. What we add lives in our planner
 (``sglang_dspark/planner.py``: admission policy, SPS table) and here: per decode step we feed the measured step time
-to the SPS table's online refinement and the admission/acceptance record to observability.
+to the learned step overhead (the cost model's online part) and the admission/acceptance record to observability.
 
 ``SGLANG_DSPARK_WORKER=upstream`` keeps upstream's class (documented; used to compare side by side).
 """
@@ -42,7 +42,7 @@ class DSparkWorker(DSparkWorkerV2):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # Host wall time is the step time only when the device runs synchronously (the CPU); on a GPU the overlap
-        # scheduler returns before the device finishes, so refinement there needs device timers (not done yet).
+        # scheduler returns before the device finishes, so learning the overhead there needs device timers (to do).
         self._host_time_is_step_time = str(self.device).startswith("cpu")
         logger.info("sglang-dspark DSPARK worker active (pid %d)", os.getpid())
 
@@ -71,9 +71,9 @@ class DSparkWorker(DSparkWorkerV2):
             verify_lens = result.cap_lens.tolist()
         else:
             verify_lens = [int(self.verify_num_draft_tokens)] * num_requests
-        refiner = getattr(planner, "sps_refiner", None)
-        if refiner is not None and self._host_time_is_step_time:
-            refiner.observe(num_requests, sum(verify_lens), seconds)
+        table = getattr(planner, "sps_table", None)
+        if table is not None and self._host_time_is_step_time:
+            planner.step_overhead.observe(num_requests, seconds, table.step_seconds(num_requests, sum(verify_lens)))
         confidence = getattr(planner, "last_confidence", None)
         survival = None
         if confidence is not None and confidence.shape[0] == num_requests:

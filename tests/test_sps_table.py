@@ -19,7 +19,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_dspark.profiler.online_refinement import SpsOnlineRefiner
 from sglang_dspark.profiler.probe_plan import ProbePlan, build_table, make_probe_plan, split_verify_tokens
 from sglang_dspark.profiler.sps_cache import (
     SpsCacheKey,
@@ -426,80 +425,54 @@ def test_default_cache_dir_follows_the_project_cache_root(monkeypatch, tmp_path)
     assert default_cache_dir() == Path.home() / ".cache" / "sglang-dspark" / "sps"
 
 
-# ---------------------------------------------------------------------------------------------------- refinement
+# ------------------------------------------------------------------------------------- online step overhead
 
 
-def test_refinement_moves_toward_measurements(plan):
-    table = table_from(linear_seconds, plan)
-    refiner = SpsOnlineRefiner(table, rate=0.2, max_step_fraction=0.05)
-    r, b = 8, 20
-    target = 1.3 * linear_seconds(r, b)
-    errors = []
+def test_step_overhead_learns_the_non_verify_part_of_a_step():
+    from sglang_dspark.profiler.step_overhead import StepOverhead
+
+    overhead = StepOverhead(rate=0.5)
+    assert overhead.seconds(4) == 0.0  # nothing learned yet: the profiled verify cost alone
     for _ in range(40):
-        errors.append(abs(math.log(target / table.step_seconds(r, b))))
-        assert refiner.observe(r, b, target)
-    errors.append(abs(math.log(target / table.step_seconds(r, b))))
-    assert all(later <= earlier + 1e-12 for earlier, later in zip(errors, errors[1:]))
-    assert errors[-1] < 0.02
-    assert refiner.updates == 40 and table.refined_updates == 40
-    assert table.summary()["refined_updates"] == 40
-    far = table.step_seconds(48, 300)  # far from (8, 20): untouched by these updates
-    assert far == pytest.approx(linear_seconds(48, 300), rel=1e-12)
+        overhead.observe(4, measured_seconds=0.030, verify_seconds=0.010)
+    assert abs(overhead.seconds(4) - 0.020) < 1e-4
+    assert overhead.seconds(3) == overhead.seconds(4)  # same power-of-two bucket
+    assert not overhead.observe(4, float("nan"), 0.01) and not overhead.observe(0, 0.01, 0.0)
+    overhead.observe(4, measured_seconds=0.005, verify_seconds=0.010)  # verify slower than the step: clamp at 0
+    assert overhead.seconds(4) >= 0.0
 
 
-def test_refinement_is_bounded_per_step_and_in_total(plan):
-    table = table_from(linear_seconds, plan)
-    profiled = table.probe_seconds()
-    refiner = SpsOnlineRefiner(table, rate=1.0, max_step_fraction=0.02, max_drift_factor=2.0)
-    before = table.probe_seconds()
-    refiner.observe(4, 10, 100 * linear_seconds(4, 10))  # a wild outlier (e.g. a GC pause)
-    after = table.probe_seconds()
-    for r in before:
-        for b in before[r]:
-            assert after[r][b] <= before[r][b] * 1.02 * (1 + 1e-12)
-    for _ in range(200):
-        refiner.observe(4, 10, 100 * linear_seconds(4, 10))
-        refiner.observe(16, 16, 0.001 * linear_seconds(16, 16))
-    raw = table.raw_probe_seconds()
-    for r in raw:
-        for b in raw[r]:
-            assert profiled[r][b] / 2 * (1 - 1e-12) <= raw[r][b] <= profiled[r][b] * 2 * (1 + 1e-12)
-    assert refiner.stats()["max_drift_pct"] <= 100.0 + 1e-9
+def test_step_overhead_update_is_bounded_per_step():
+    from sglang_dspark.profiler.step_overhead import StepOverhead
+
+    overhead = StepOverhead(rate=1.0, max_step_fraction=0.25)
+    overhead.observe(1, 0.010, 0.005)
+    overhead.observe(1, 10.0, 0.005)  # one stalled step
+    assert overhead.seconds(1) <= 0.005 + 0.25 * 10.0
+    overhead.observe(1, 0.010, 0.005)
+    assert overhead.seconds(1) <= 0.005 + 0.25 * 10.0
 
 
-def test_refinement_keeps_monotonicity_and_rejects_garbage(plan):
-    table = table_from(linear_seconds, plan)
-    refiner = SpsOnlineRefiner(table, rate=0.5, max_step_fraction=0.2)
-    rng = random.Random(3)
-    for _ in range(300):
-        r = rng.randint(1, 60)
-        b = rng.randint(r, r * (GAMMA + 1))
-        refiner.observe(r, b, linear_seconds(r, b) * rng.uniform(0.3, 3.0))
-    assert_sps_non_increasing_in_b(table, 60)
-    SpsTable.from_json(table.to_json())  # what it would cache is still a valid, monotone table
-    for bad in [(2, 8, 0.0), (2, 8, -1.0), (2, 8, float("nan")), (2, 8, float("inf")), (0, 8, 0.1), (4, 2, 0.1)]:
-        assert refiner.observe(*bad) is False
-    assert refiner.rejected == 6 and refiner.updates == 300
+def test_overhead_adjusted_cost_admits_more_when_the_step_has_a_fixed_cost():
+    """A large B-independent cost makes extra verify tokens relatively cheap: the capacity must grow."""
+    from sglang_dspark.profiler.sps_table import SpsTable
+    from sglang_dspark.profiler.step_overhead import OverheadAdjustedCost, StepOverhead
+    from sglang_dspark.scheduling import capacity_from_survival
+
+    table = SpsTable({1: {1: 0.010, 8: 0.017}})  # 1 ms per verify token beyond the anchor
+    survival = torch.tensor([[0.9, 0.7, 0.5, 0.35, 0.2, 0.1, 0.05]], dtype=torch.float64)
+    overhead = StepOverhead()
+    cost = OverheadAdjustedCost(table, overhead)
+    k_without = int(capacity_from_survival(survival, cost))
+    for _ in range(50):
+        overhead.observe(1, measured_seconds=0.110, verify_seconds=0.010)  # 100 ms of draft + bookkeeping
+    k_with = int(capacity_from_survival(survival, cost))
+    assert k_with > k_without
+    scalar = cost.steps_per_second(1, 3)
+    vector = cost.steps_per_second(1, torch.tensor([3]))
+    assert abs(float(vector[0]) - scalar) < 1e-9
 
 
-def test_refinement_logs_at_most_every_interval(plan, caplog):
-    now = [0.0]
-    table = table_from(linear_seconds, plan)
-    refiner = SpsOnlineRefiner(table, log_interval_seconds=10.0, clock=lambda: now[0])
-    with caplog.at_level(logging.INFO, logger="sglang_dspark.profiler.online_refinement"):
-        for step in range(100):
-            now[0] = step * 0.5  # 50 s of serving, two updates per second
-            refiner.observe(4, 12, 1.1 * linear_seconds(4, 12))
-    reports = [r for r in caplog.records if "SPS online refinement" in r.getMessage()]
-    assert 4 <= len(reports) <= 5
-    assert "100 updates" in refiner_report(refiner, caplog)
-
-
-def refiner_report(refiner: SpsOnlineRefiner, caplog) -> str:
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="sglang_dspark.profiler.online_refinement"):
-        refiner.log_now()
-    return caplog.records[-1].getMessage()
 
 
 # ---------------------------------------------------------------------------------------------------- probe plan

@@ -1,0 +1,88 @@
+"""Online refinement of the step cost: the part of a decode step that is not the target verify forward.
+
+The start-up profile times target verify forwards, SPS(R, B). A DSpark decode step also runs the draft block, the
+Markov sampling loop, acceptance and bookkeeping; on small models that is most of the step, and it depends on the
+number of requests R much more than on the verify tokens B. Leaving it out makes extra verify tokens look more
+expensive than they are, so the scheduler admits too few. We learn it while serving, as an additive term:
+
+    step_seconds(R, B) = verify_seconds(R, B)  [profiled table]  +  overhead(R)  [measured here]
+
+``overhead(R)`` is an exponential moving average of (measured step − profiled verify) per power-of-two bucket of R,
+bounded (never negative, each update moves at most ``max_step_fraction`` of the step), and logged periodically.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Callable, Union
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def _bucket(num_requests: int) -> int:
+    return 1 << max(0, int(num_requests) - 1).bit_length()
+
+
+class StepOverhead:
+    def __init__(
+        self,
+        *,
+        rate: float = 0.1,
+        max_step_fraction: float = 0.25,
+        log_interval_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rate = rate
+        self.max_step_fraction = max_step_fraction
+        self.log_interval_seconds = log_interval_seconds
+        self._clock = clock
+        self._seconds: dict[int, float] = {}
+        self.updates = 0
+        self._last_log = clock()
+
+    def observe(self, num_requests: int, measured_seconds: float, verify_seconds: float) -> bool:
+        if num_requests < 1 or not math.isfinite(measured_seconds) or measured_seconds <= 0:
+            return False
+        sample = max(0.0, measured_seconds - max(0.0, verify_seconds))
+        bucket = _bucket(num_requests)
+        current = self._seconds.get(bucket)
+        if current is None:
+            self._seconds[bucket] = sample
+        else:
+            limit = self.max_step_fraction * measured_seconds  # one stalled step cannot swing the estimate
+            self._seconds[bucket] = current + max(-limit, min(limit, self.rate * (sample - current)))
+        self.updates += 1
+        now = self._clock()
+        if now - self._last_log >= self.log_interval_seconds:
+            self._last_log = now
+            logger.info("sglang-dspark: learned step overhead (ms) per R bucket: %s after %d steps", self.summary(), self.updates)
+        return True
+
+    def seconds(self, num_requests: int) -> float:
+        """Overhead for R requests: the nearest learned bucket (0 before any measurement)."""
+        if not self._seconds:
+            return 0.0
+        target = _bucket(num_requests)
+        nearest = min(self._seconds, key=lambda b: (abs(math.log2(b) - math.log2(target)), b))
+        return self._seconds[nearest]
+
+    def summary(self) -> dict[int, float]:
+        return {bucket: round(seconds * 1e3, 3) for bucket, seconds in sorted(self._seconds.items())}
+
+
+class OverheadAdjustedCost:
+    """A ``StepCostModel``: SPS of the whole step = 1 / (profiled verify seconds + learned overhead)."""
+
+    def __init__(self, table, overhead: StepOverhead) -> None:
+        self.table = table
+        self.overhead = overhead
+
+    def steps_per_second(self, num_requests: int, verify_tokens: Union[int, torch.Tensor]):
+        extra = self.overhead.seconds(num_requests)
+        if isinstance(verify_tokens, torch.Tensor):
+            return 1.0 / (self.table.step_seconds_tensor(num_requests, verify_tokens) + extra)
+        return 1.0 / (self.table.step_seconds(num_requests, int(verify_tokens)) + extra)

@@ -314,11 +314,6 @@ class SpsTable:
         """Enforced (monotone) seconds at every probe cell: ``{R: {B: seconds}}``."""
         return {row.num_requests: dict(zip(row.verify_tokens, row.seconds)) for row in self._rows}
 
-    def cell_seconds(self, num_requests: int, verify_tokens: int) -> float:
-        """Enforced seconds of one probe cell."""
-        row = self._row(num_requests)
-        return row.seconds[self._column(row, verify_tokens)]
-
     def raw_probe_seconds(self) -> dict[int, dict[int, float]]:
         """Raw (measured or refined, before enforcement) seconds at every probe cell."""
         return {row.num_requests: dict(zip(row.verify_tokens, row.raw_seconds)) for row in self._rows}

@@ -93,10 +93,6 @@ def make_verify_forward_measurer(model_runner, gamma: int, context_tokens: int) 
     return measure_and_reset
 
 
-def _device_label(device) -> str:
-    return str(device)
-
-
 def obtain_sps_table(
     *,
     model_runner,
@@ -117,7 +113,7 @@ def obtain_sps_table(
     key = make_cache_key(
         model_path=model_config.model_path,
         dtype=str(model_config.dtype),
-        device=_device_label(model_runner.device),
+        device=str(model_runner.device),
         tp_size=int(getattr(model_runner, "tp_size", 1) or 1),
         attention_backend=type(model_runner.attn_backend).__name__,
         max_total_tokens=pool_tokens,

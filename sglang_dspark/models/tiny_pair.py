@@ -540,10 +540,9 @@ def build_tiny_pair(
 def import_transformers():
     """Import transformers for checks against this pair, offline, from a repository checkout.
 
-    Two things get in the way in this project's CPU venv: PyPI's torchvision (CUDA build) dies at import
-    without the CPU platform's start-up hook, and with the repository root on ``sys.path`` transformers'
-    availability probe imports our top-level ``kernels/`` folder (which refuses to be imported under that
-    name) instead of finding no ``kernels`` package.
+    PyPI's torchvision (CUDA build) dies at import beside the CPU torch unless the CPU platform's start-up hook
+    ran; import it explicitly for interpreters started without the installed ``.pth`` line. (A checkout root on
+    ``sys.path`` is harmless: ``kernels/__init__.py`` then poses as an unusable version-0 install.)
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -551,14 +550,6 @@ def import_transformers():
         import sglang_dspark._startup  # noqa: F401  (torchvision schemas; inert when not on CPU)
     except ImportError:
         pass
-    if "kernels" not in sys.modules:
-        import importlib.util
-
-        spec = importlib.util.find_spec("kernels")
-        origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
-        repo_root = Path(__file__).resolve().parents[2]
-        if origin is not None and origin.is_relative_to(repo_root):
-            sys.modules["kernels"] = None  # find_spec() then answers None: "not installed"
     import transformers
 
     return transformers

@@ -1,9 +1,10 @@
-"""A tiny, fully offline target/draft pair for tests: a Llama target and a DSpark draft in DeepSpec's format.
+"""A tiny, fully offline target/draft pair for tests: a Llama (or Qwen3) target and a DSpark draft in DeepSpec's format.
 
 ``build_tiny_pair(out_dir)`` writes, in a couple of seconds on two CPU cores and without any network access:
 
 * ``out_dir/target``: a byte-level BPE tokenizer trained on the running interpreter's stdlib sources, and a
-  random float32 ``LlamaForCausalLM`` (hidden 128, 4 layers, GQA 4/2 heads, head_dim 32);
+  random float32 ``LlamaForCausalLM`` (hidden 128, 4 layers, GQA 4/2 heads, head_dim 32), or with
+  ``target_arch="qwen3"`` a ``Qwen3ForCausalLM`` (same weights plus unit per-head ``q_norm``/``k_norm``);
 * ``out_dir/draft``: a ``Qwen3DSparkModel`` checkpoint laid out exactly as DeepSpec saves one (top-level
   DSpark config keys, un-prefixed tensor names, copies of the target's embedding and lm_head), plus the
   tokenizer files.
@@ -79,7 +80,8 @@ class TinyPairOptions:
     corpus_files: int = 120  # stdlib *.py files, first N in sorted order
     corpus_chars_per_file: int = 40_000
     vocab_multiple: int = 128  # config vocab_size = tokenizer size rounded up to this
-    # target (Llama)
+    # target (Llama, or Qwen3: Llama plus per-head q/k RMSNorm)
+    target_arch: str = "llama"  # or "qwen3"
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
@@ -108,6 +110,8 @@ class TinyPairOptions:
     def stamp(self, seed: int) -> dict:
         d = asdict(self)
         d["target_layer_ids"] = list(self.target_layer_ids)
+        if self.target_arch == "llama":
+            del d["target_arch"]  # keeps the stamps of pairs built before the option existed valid
         return {"builder_version": BUILDER_VERSION, "seed": int(seed), "options": d}
 
 
@@ -195,6 +199,10 @@ def _write_tokenizer(tok, out: Path, ids: Dict[str, int], opts: TinyPairOptions)
 
 
 def target_config(opts: TinyPairOptions, vocab_size: int, ids: Dict[str, int]) -> dict:
+    if opts.target_arch == "qwen3":
+        return qwen3_target_config(opts, vocab_size, ids)
+    if opts.target_arch != "llama":
+        raise ValueError(f"target_arch must be 'llama' or 'qwen3', got {opts.target_arch!r}")
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -225,6 +233,39 @@ def target_config(opts: TinyPairOptions, vocab_size: int, ids: Dict[str, int]) -
         # `--dtype auto` turns a float32 config into float16, so servers must pass `--dtype float32`.
         "dtype": "float32",
         "torch_dtype": "float32",
+    }
+
+
+def qwen3_target_config(opts: TinyPairOptions, vocab_size: int, ids: Dict[str, int]) -> dict:
+    """Exactly the key set of Qwen/Qwen3-8B's config.json, which DeepSpec deep-copies into its released drafts."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": ids[BOS_TOKEN],
+        "eos_token_id": ids[EOS_TOKEN],
+        "head_dim": opts.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": opts.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": opts.intermediate_size,
+        "max_position_embeddings": opts.max_position_embeddings,
+        "max_window_layers": opts.num_layers,
+        "model_type": "qwen3",
+        "num_attention_heads": opts.num_heads,
+        "num_hidden_layers": opts.num_layers,
+        "num_key_value_heads": opts.num_kv_heads,
+        "rms_norm_eps": opts.rms_norm_eps,
+        "rope_scaling": None,
+        "rope_theta": opts.rope_theta,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        # fp32 on purpose, as for the Llama target; servers must still pass `--dtype float32`.
+        "torch_dtype": "float32",
+        "transformers_version": "4.51.0",  # Qwen3-8B's; only informative
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": vocab_size,
     }
 
 
@@ -283,6 +324,10 @@ def target_weights(opts: TinyPairOptions, vocab_size: int, silent_ids: Sequence[
         w[p + "self_attn.k_proj.weight"] = _normal(g, (nkv * hd, d), 1 / math.sqrt(d))
         w[p + "self_attn.v_proj.weight"] = _normal(g, (nkv * hd, d), 1 / math.sqrt(d))
         w[p + "self_attn.o_proj.weight"] = _normal(g, (d, nh * hd), opts.attn_out_gain / math.sqrt(nh * hd))
+        if opts.target_arch == "qwen3":
+            # Unit weights draw nothing from `g`, so the other tensors equal the Llama target's.
+            w[p + "self_attn.q_norm.weight"] = torch.ones(hd)
+            w[p + "self_attn.k_norm.weight"] = torch.ones(hd)
         w[p + "mlp.gate_proj.weight"] = _normal(g, (f, d), 1 / math.sqrt(d))
         w[p + "mlp.up_proj.weight"] = _normal(g, (f, d), 1 / math.sqrt(d))
         w[p + "mlp.down_proj.weight"] = _normal(g, (d, f), opts.mlp_out_gain / math.sqrt(f))

@@ -106,6 +106,12 @@ class AdmissionStats:
             self._admitted_len_counts: list[int] = []
             self._accept_request_steps = 0  # request-steps that came with accepted_drafts
             self._accept_len_sum = 0
+            self._accepted_len_counts: list[int] = []
+            # Lifetime per-bin sums behind the ECE: unlike the window, differences of two snapshots give the
+            # calibration of the traffic in between (benchmarks compare workloads on one server).
+            self._bin_counts = torch.zeros(ECE_BINS, dtype=torch.float64)
+            self._bin_prediction_sums = torch.zeros(ECE_BINS, dtype=torch.float64)
+            self._bin_label_sums = torch.zeros(ECE_BINS, dtype=torch.float64)
             self._timed_steps = 0
             self._step_seconds_sum = 0.0
             self._window_predictions = torch.zeros(self.calibration_window, dtype=torch.float32)
@@ -138,14 +144,13 @@ class AdmissionStats:
             calibration = self._calibration_pairs(survival, admitted, accepted)
 
         admitted_counts = torch.bincount(admitted, minlength=1).tolist() if num_requests else []
+        accepted_counts = torch.bincount(accepted, minlength=1).tolist() if accepted is not None and num_requests else []
         with self._lock:
             self._steps += 1
             self._request_steps += num_requests
             self._admitted_draft_sum += int(admitted.sum())
-            if len(admitted_counts) > len(self._admitted_len_counts):
-                self._admitted_len_counts.extend([0] * (len(admitted_counts) - len(self._admitted_len_counts)))
-            for draft_len, count in enumerate(admitted_counts):
-                self._admitted_len_counts[draft_len] += count
+            _add_counts(self._admitted_len_counts, admitted_counts)
+            _add_counts(self._accepted_len_counts, accepted_counts)
             if accepted is not None:
                 self._accept_request_steps += num_requests
                 self._accept_len_sum += int(accepted.sum()) + num_requests  # + the bonus token each
@@ -170,6 +175,10 @@ class AdmissionStats:
         return survival[verified], survived[verified].to(torch.float32)
 
     def _push_calibration(self, predictions: torch.Tensor, labels: torch.Tensor) -> None:
+        bins = (predictions.to(torch.float64).clamp(0.0, 1.0) * ECE_BINS).floor().to(torch.long).clamp(max=ECE_BINS - 1)
+        self._bin_counts += torch.bincount(bins, minlength=ECE_BINS).to(torch.float64)
+        self._bin_prediction_sums += torch.bincount(bins, weights=predictions.to(torch.float64), minlength=ECE_BINS)
+        self._bin_label_sums += torch.bincount(bins, weights=labels.to(torch.float64), minlength=ECE_BINS)
         capacity = self.calibration_window
         if predictions.numel() > capacity:  # only the newest pairs can stay
             predictions, labels = predictions[-capacity:], labels[-capacity:]
@@ -208,6 +217,12 @@ class AdmissionStats:
                 "mean_admitted_draft_len": _ratio(self._admitted_draft_sum, self._request_steps),
                 "admitted_len_histogram": list(self._admitted_len_counts),
                 "mean_accept_len": _ratio(self._accept_len_sum, self._accept_request_steps),
+                "accepted_len_histogram": list(self._accepted_len_counts),
+                "calibration_bins": {
+                    "count": self._bin_counts.tolist(),
+                    "prediction_sum": self._bin_prediction_sums.tolist(),
+                    "label_sum": self._bin_label_sums.tolist(),
+                },
                 "mean_step_ms": _ratio(1000.0 * self._step_seconds_sum, self._timed_steps),
             }
         # The O(window) part runs outside the lock.
@@ -216,6 +231,21 @@ class AdmissionStats:
         result["mean_predicted_survival"] = float(predictions.mean()) if filled else None
         result["mean_observed_survival"] = float(labels.mean()) if filled else None
         return result
+
+
+def _add_counts(totals: list[int], counts: list[int]) -> None:
+    if len(counts) > len(totals):
+        totals.extend([0] * (len(counts) - len(totals)))
+    for value, count in enumerate(counts):
+        totals[value] += count
+
+
+def ece_from_bins(count: Sequence[float], prediction_sum: Sequence[float], label_sum: Sequence[float]) -> float | None:
+    """The ECE of ``summary()["calibration_bins"]`` (or of the difference of two snapshots)."""
+    total = sum(count)
+    if total <= 0:
+        return None
+    return sum(abs(l - p) for p, l in zip(prediction_sum, label_sum)) / total
 
 
 def _ratio(numerator: float, denominator: int) -> float | None:

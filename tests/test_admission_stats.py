@@ -17,7 +17,12 @@ import pytest
 import torch
 
 from sglang_dspark import observability
-from sglang_dspark.admission_stats import AdmissionStats, expected_calibration_error, get_admission_stats
+from sglang_dspark.admission_stats import (
+    AdmissionStats,
+    ece_from_bins,
+    expected_calibration_error,
+    get_admission_stats,
+)
 
 
 class FakeClock:
@@ -42,7 +47,8 @@ def test_empty_summary_is_json_and_has_every_key():
     summary = AdmissionStats().summary()
     assert set(summary) == {
         "policy", "sps", "steps", "mean_admitted_draft_len", "admitted_len_histogram", "mean_accept_len", "ece",
-        "ece_window", "mean_predicted_survival", "mean_observed_survival", "mean_step_ms",
+        "ece_window", "mean_predicted_survival", "mean_observed_survival", "mean_step_ms", "accepted_len_histogram",
+        "calibration_bins",
     }
     assert summary["steps"] == 0 and summary["ece_window"] == 0 and summary["admitted_len_histogram"] == []
     assert summary["ece"] is None and summary["mean_accept_len"] is None and summary["sps"] is None
@@ -65,6 +71,8 @@ def test_example_step_means_histogram_and_ece():
     assert summary["mean_observed_survival"] == pytest.approx(3 / 5)
     # Bins: 9 -> 2/5 * |1 - .95|, 7 -> 1/5 * .75, 5 -> 1/5 * .45, 3 -> 1/5 * .35
     assert summary["ece"] == pytest.approx(0.02 + 0.15 + 0.09 + 0.07, abs=1e-6)
+    assert summary["accepted_len_histogram"] == [0, 1, 1]
+    assert ece_from_bins(**summary["calibration_bins"]) == pytest.approx(summary["ece"], abs=1e-6)
     json.dumps(summary)
 
 
@@ -117,6 +125,13 @@ def test_calibration_window_keeps_the_newest_pairs():
     assert summary["mean_observed_survival"] == pytest.approx(1.0)
     assert summary["mean_predicted_survival"] == pytest.approx((0.1 + 3.0) / 4, abs=1e-6)
     assert summary["steps"] == 3  # the lifetime counters are not windowed
+    # The lifetime bins keep all 3 + 2 + 5 pairs, and differences of snapshots isolate the traffic in between.
+    bins = summary["calibration_bins"]
+    assert sum(bins["count"]) == 10
+    assert sum(bins["label_sum"]) == 3 + 0 + 5
+    assert sum(bins["prediction_sum"]) == pytest.approx(2.7 + 0.4 + 3.2, abs=1e-5)
+    assert bins["count"][2] == 2 and bins["label_sum"][2] == 0  # (.2, 0) x2
+    assert bins["count"][1] == 2 and bins["label_sum"][1] == 2  # (.1, 1) x2
 
 
 def test_policy_and_sps_age_at_call_time():

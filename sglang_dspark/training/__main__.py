@@ -1,4 +1,8 @@
-"""``python -m sglang_dspark.training {features,train,export,calibrate}``: train a DSpark draft for a target.
+"""``python -m sglang_dspark.training {prompts,generate,features,train,export,calibrate}``: train a DSpark draft.
+
+    prompts    --bigbench SDIST --out-dir DIR   BIG-bench inputs -> DIR/{train,heldout}_prompts.jsonl (split by task)
+    generate   --target DIR --prompts FILE --out FILE.jsonl [--temperature 0.7 --deadline-minutes M]
+               the target's answers through our SGLang CPU server (resumable)
 
     train      --target DIR --data FILE.jsonl --out RUN [--block-size 7 --layers 2 --markov-rank 64 --steps N ...]
                caches target features (RUN/features), trains (RUN/checkpoints, --resume), exports RUN/draft
@@ -81,6 +85,35 @@ def _build_cache(args, target: Path, layer_ids, cache_dir: Path, tokenizer) -> F
     return build_feature_cache(target, seqs, cache_dir, layer_ids, store_dtype=DTYPES[args.feature_dtype],
                                target_dtype=DTYPES[args.target_dtype], batch_tokens=args.feature_batch_tokens,
                                progress=not args.quiet)
+
+
+# --------------------------------------------------------------------------------------------- data
+
+
+def cmd_prompts(args) -> int:
+    from .corpus import bigbench_prompts, split_prompts, write_prompts
+
+    prompts = bigbench_prompts(Path(args.bigbench), per_task=args.per_task, seed=args.seed)
+    train, held = split_prompts(prompts, held_out_percent=args.held_out_percent, seed=args.seed)
+    out = Path(args.out_dir)
+    write_prompts(out / "train_prompts.jsonl", train)
+    write_prompts(out / "heldout_prompts.jsonl", held)
+    print(f"{len(train)} train prompts ({len({p.task for p in train})} tasks), {len(held)} held-out "
+          f"({len({p.task for p in held})} tasks) -> {out}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from .corpus import read_prompts
+    from .generate import generate_answers
+
+    prompts = read_prompts(Path(args.prompts))[args.skip:]
+    prompts = prompts[: args.limit] if args.limit is not None else prompts
+    n = generate_answers(Path(args.target), prompts, Path(args.out), temperature=args.temperature,
+                         max_new_tokens=args.max_new_tokens, concurrency=args.concurrency, seed=args.seed,
+                         deadline_minutes=args.deadline_minutes, progress=not args.quiet)
+    print(f"{n} answers appended to {args.out}")
+    return 0
 
 
 # --------------------------------------------------------------------------------------------- train
@@ -242,6 +275,28 @@ def cmd_calibrate(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sglang_dspark.training", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+
+    pr = sub.add_parser("prompts", help="extract the BIG-bench prompt corpus and split it by task")
+    pr.add_argument("--bigbench", required=True, help="path of bigbench-1.0.0.tar.gz (pip download --no-deps bigbench==1.0.0)")
+    pr.add_argument("--out-dir", required=True)
+    pr.add_argument("--per-task", type=int, default=24)
+    pr.add_argument("--held-out-percent", type=int, default=15)
+    pr.add_argument("--seed", type=int, default=0)
+    pr.set_defaults(func=cmd_prompts)
+
+    g = sub.add_parser("generate", help="the target's answers to prompts, through our SGLang CPU server")
+    g.add_argument("--target", required=True)
+    g.add_argument("--prompts", required=True)
+    g.add_argument("--out", required=True)
+    g.add_argument("--skip", type=int, default=0, help="start at this prompt (e.g. a calibration slice)")
+    g.add_argument("--limit", type=int, default=None)
+    g.add_argument("--temperature", type=float, default=0.7)
+    g.add_argument("--max-new-tokens", type=int, default=192)
+    g.add_argument("--concurrency", type=int, default=32)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--deadline-minutes", type=float, default=None)
+    g.add_argument("--quiet", action="store_true")
+    g.set_defaults(func=cmd_generate)
 
     t = sub.add_parser("train", help="cache target features, train, export")
     t.add_argument("--target", required=True)

@@ -1,7 +1,12 @@
 """The ``_handle_dspark`` argument-resolution hook (launcher process), one wrapper for two jobs.
 
 1. On the CPU platform, let upstream's DSPARK resolution run on device "cpu" (sglang_dspark/cpu/dspark_fallbacks.py).
-2. With our worker, pick the verify mode our admission policy needs. SGLang builds the draft (and decides whether it has a confidence head) from ``SGLANG_RAGGED_VERIFY_MODE`` in the
+2. Serve the embedded SmolLM2 target with the draft we ship for it when no draft path is given (upstream would
+   refuse: the target folder bundles no draft).
+3. Use the STS calibration shipped beside the draft (``dspark_sts.json``) when none is given: upstream leaves the
+   confidence uncalibrated unless ``--speculative-dspark-confidence-sts-path`` is passed, and nothing should need
+   tuning by hand. An explicit path always wins.
+4. With our worker, pick the verify mode our admission policy needs. SGLang builds the draft (and decides whether it has a confidence head) from ``SGLANG_RAGGED_VERIFY_MODE`` in the
 scheduler process, which inherits the launcher's environment. So the choice is made here, where the draft path
 is known, before any scheduler is spawned.
 """
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 from sglang_dspark.admission_policy import (
     VERIFY_MODE_ENV,
@@ -20,6 +26,29 @@ from sglang_dspark.admission_policy import (
 
 logger = logging.getLogger(__name__)
 DSPARK_ARG_HANDLER = "sglang.srt.arg_groups.speculative_hook._handle_dspark"
+SHIPPED_STS_NAME = "dspark_sts.json"
+
+
+def shipped_sts_path(draft_path) -> str | None:
+    """``<draft>/dspark_sts.json`` for a local draft folder that ships one."""
+    if not draft_path:
+        return None
+    candidate = Path(str(draft_path)) / SHIPPED_STS_NAME
+    return str(candidate) if candidate.is_file() else None
+
+
+def _default_draft_for_embedded_target(server_args) -> None:
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+
+    from sglang_dspark.default_models import PACKAGED_DRAFT_DIR, is_embedded_target
+
+    view = resolving_view(server_args)
+    if view.speculative_draft_model_path is None and is_embedded_target(view.model_path):
+        if not (PACKAGED_DRAFT_DIR / "config.json").is_file():
+            return  # upstream's own error then names the missing --speculative-draft-model-path
+        logger.info("sglang-dspark: embedded SmolLM2 target, using the shipped draft %s", PACKAGED_DRAFT_DIR)
+        declare_resolution(server_args, "sglang_dspark.arg_resolution",
+                           speculative_draft_model_path=str(PACKAGED_DRAFT_DIR))
 
 
 def handle_dspark(original, server_args):
@@ -28,16 +57,25 @@ def handle_dspark(original, server_args):
     from sglang_dspark._startup import cpu_platform_active
     from sglang_dspark.worker import use_upstream_worker
 
+    _default_draft_for_embedded_target(server_args)
     if cpu_platform_active():
         from sglang_dspark.cpu.dspark_fallbacks import handle_dspark_allowing_cpu
 
         result = handle_dspark_allowing_cpu(original, server_args)
     else:
         result = original(server_args)
+    view = resolving_view(server_args)
+    draft_path = view.speculative_draft_model_path
+    sts_path = shipped_sts_path(draft_path)
+    if view.speculative_dspark_confidence_sts_path is None and sts_path is not None:
+        from sglang.srt.arg_groups.overrides import declare_resolution
+
+        logger.info("sglang-dspark: using the draft's STS calibration %s", sts_path)
+        declare_resolution(server_args, "sglang_dspark.arg_resolution",
+                           speculative_dspark_confidence_sts_path=sts_path)
     if use_upstream_worker():
         return result
 
-    draft_path = resolving_view(server_args).speculative_draft_model_path
     mode, warning = verify_mode_for(
         read_admission_policy(), os.environ.get(VERIFY_MODE_ENV), draft_has_confidence_head(draft_path)
     )

@@ -1,6 +1,6 @@
 """``sglang-dspark`` command line: the demo and project utilities.
 
-    sglang-dspark demo [--keep-serving] [--prompt TEXT]   serve DSPARK on the default pair, answer one request
+    sglang-dspark demo [--keep-serving] [--prompt TEXT]   serve DSPARK on SmolLM2 + our draft, answer one request
     sglang-dspark tiny-pair OUT_DIR                       build the tiny random test pair
 """
 
@@ -17,7 +17,9 @@ def _demo(args: argparse.Namespace) -> int:
     from sglang_dspark.server_process import chat, start_server
 
     target, draft = (args.model_path, args.draft_model_path) if args.model_path else ensure_default_pair()
-    spec_args = ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(draft)]
+    # --dtype float32: SGLang's "auto" would serve a float32 checkpoint in float16.
+    spec_args = ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(draft),
+                 "--dtype", args.dtype]
     print(f"[demo] target {target}\n[demo] draft  {draft}")
     print("[demo] python -m sglang.launch_server --model-path", target, shlex.join(spec_args), "--device cpu ...")
     server = start_server(target, spec_args, max_total_tokens=args.max_total_tokens, timeout=args.timeout)
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--draft-model-path", help="DSpark draft checkpoint (with --model-path)")
     demo.add_argument("--prompt", default="Write a Python function that reverses a list.")
     demo.add_argument("--max-tokens", type=int, default=64)
+    demo.add_argument("--dtype", default="float32", help="float32 (default) makes greedy output bit-identical to no-spec")
     demo.add_argument("--max-total-tokens", type=int, default=4096)
     demo.add_argument("--timeout", type=float, default=300)
     demo.add_argument("--keep-serving", action="store_true", help="keep the server up after the request")

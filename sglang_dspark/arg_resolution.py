@@ -1,4 +1,4 @@
-"""The ``_handle_dspark`` argument-resolution hook (launcher process), one wrapper for two jobs.
+"""The ``_handle_dspark`` argument-resolution hook (launcher process), one wrapper for four jobs.
 
 1. On the CPU platform, let upstream's DSPARK resolution run on device "cpu" (sglang_dspark/cpu/dspark_fallbacks.py).
 2. Serve the embedded SmolLM2 target with the draft we ship for it when no draft path is given (upstream would
@@ -37,39 +37,37 @@ def shipped_sts_path(draft_path) -> str | None:
     return str(candidate) if candidate.is_file() else None
 
 
-def _default_draft_for_embedded_target(server_args) -> None:
-    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+def _default_draft_for_embedded_target(server_args, view) -> None:
+    from sglang.srt.arg_groups.overrides import declare_resolution
 
-    from sglang_dspark.default_models import PACKAGED_DRAFT_DIR, is_embedded_target
+    from sglang_dspark.default_models import is_embedded_target, packaged_draft_dir
 
-    view = resolving_view(server_args)
     if view.speculative_draft_model_path is None and is_embedded_target(view.model_path):
-        if not (PACKAGED_DRAFT_DIR / "config.json").is_file():
+        try:
+            draft = packaged_draft_dir()
+        except FileNotFoundError:
             return  # upstream's own error then names the missing --speculative-draft-model-path
-        logger.info("sglang-dspark: embedded SmolLM2 target, using the shipped draft %s", PACKAGED_DRAFT_DIR)
-        declare_resolution(server_args, "sglang_dspark.arg_resolution",
-                           speculative_draft_model_path=str(PACKAGED_DRAFT_DIR))
+        logger.info("sglang-dspark: embedded SmolLM2 target, using the shipped draft %s", draft)
+        declare_resolution(server_args, "sglang_dspark.arg_resolution", speculative_draft_model_path=str(draft))
 
 
 def handle_dspark(original, server_args):
-    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 
     from sglang_dspark._startup import cpu_platform_active
     from sglang_dspark.worker import use_upstream_worker
 
-    _default_draft_for_embedded_target(server_args)
+    view = resolving_view(server_args)  # a live view: it sees declarations made after this line too
+    _default_draft_for_embedded_target(server_args, view)
     if cpu_platform_active():
         from sglang_dspark.cpu.dspark_fallbacks import handle_dspark_allowing_cpu
 
         result = handle_dspark_allowing_cpu(original, server_args)
     else:
         result = original(server_args)
-    view = resolving_view(server_args)
     draft_path = view.speculative_draft_model_path
     sts_path = shipped_sts_path(draft_path)
     if view.speculative_dspark_confidence_sts_path is None and sts_path is not None:
-        from sglang.srt.arg_groups.overrides import declare_resolution
-
         logger.info("sglang-dspark: using the draft's STS calibration %s", sts_path)
         declare_resolution(server_args, "sglang_dspark.arg_resolution",
                            speculative_dspark_confidence_sts_path=sts_path)

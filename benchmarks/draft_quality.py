@@ -3,12 +3,12 @@
     .venv/bin/python benchmarks/draft_quality.py                 # SmolLM2 + the shipped draft, 100 held-out prompts
 
 Servers run one after another on 127.0.0.1 (fp32, the stock launcher):
-  * no-spec                       greedy reference ids; tokens/s at concurrency 1
+  * no-spec                       greedy reference ids; tokens/s at concurrency 1 (T = 0 and T = 1)
   * DSpark  (verify-all)          tau, per-position acceptance, ECE of the calibrated confidence (T = 0 and T = 1)
   * DSpark  (verify-all, no STS)  ECE of the raw confidence (the same draft without its dspark_sts.json)
   * DFlash-mode (verify-all)      the same checkpoint with the Markov head zeroed: independent per-position drafts
   * NGRAM                         SGLang's n-gram speculation with the same verify width
-  * DSPARK (default)              what users get (scheduler on): tokens/s at concurrency 1, ratio to no-spec
+  * DSPARK (default)              what users get (scheduler on): tokens/s at concurrency 1 (T = 0 and 1), ratio
 
 tau = generated tokens / verify steps (the bonus token included; SGLang's spec_verify_ct per request). Acceptance and ECE come from the server's own
 counters (``/server_info`` -> ``dspark_admission``): snapshots before and after each workload, differenced.
@@ -148,13 +148,13 @@ def main(argv=None) -> int:
     verify_all = {"SGLANG_DSPARK_ADMISSION": "verify-all", "SGLANG_RAGGED_VERIFY_MODE": "compact"}
     gamma = int(json.loads((draft / "config.json").read_text())["block_size"])
     configs = [
-        ("no-spec", [], {}, ("greedy", "speed")),
+        ("no-spec", [], {}, ("greedy", "speed", "speed T1")),
         ("DSpark", [*dspark, "--speculative-draft-model-path", str(draft)], verify_all, ("T0", "T1")),
         ("DSpark, no STS", [*dspark, "--speculative-draft-model-path", str(raw)], verify_all, ("T0", "T1")),
         ("DFlash-mode", [*dspark, "--speculative-draft-model-path", str(dflash)], verify_all, ("T0", "T1")),
         ("NGRAM", ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens",
                    str(args.ngram_draft_tokens)], {}, ("T0", "T1")),
-        ("DSPARK default", [*dspark, "--speculative-draft-model-path", str(draft)], {}, ("speed",)),
+        ("DSPARK default", [*dspark, "--speculative-draft-model-path", str(draft)], {}, ("speed", "speed T1")),
     ]
     rows: dict = {}
     for label, extra, env, jobs in tqdm(configs, desc="servers", unit="server"):
@@ -164,8 +164,9 @@ def main(argv=None) -> int:
             row = {"startup_s": server.startup_seconds}
             server.generate(prompts[0], {"max_new_tokens": 4, "temperature": 0})  # warm-up
             for job in jobs:
-                if job == "speed":
-                    row[job] = run_workload(server, speed_prompts, 0.0, args.speed_max_new_tokens, 1)
+                if job.startswith("speed"):
+                    row[job] = run_workload(server, speed_prompts, 1.0 if job.endswith("T1") else 0.0,
+                                            args.speed_max_new_tokens, 1)
                 elif job == "greedy":
                     row[job] = run_workload(server, prompts, 0.0, args.max_new_tokens, args.concurrency)
                 else:
@@ -197,6 +198,10 @@ def main(argv=None) -> int:
     print(f"concurrency 1, {len(speed_prompts)} prompts x {args.speed_max_new_tokens} tokens, greedy: "
           f"no-spec {base:.1f} tok/s, DSPARK {fast['tokens_per_second']:.1f} tok/s "
           f"(tau {fast['tau']:.2f}) -> {fast['tokens_per_second'] / base:.2f}x; greedy identical {same}/{len(speed_prompts)}")
+    base_t1 = rows["no-spec"]["speed T1"]["tokens_per_second"]
+    fast_t1 = rows["DSPARK default"]["speed T1"]
+    print(f"concurrency 1, same prompts, T=1: no-spec {base_t1:.1f} tok/s, DSPARK {fast_t1['tokens_per_second']:.1f} tok/s "
+          f"(tau {fast_t1['tau']:.2f}) -> {fast_t1['tokens_per_second'] / base_t1:.2f}x")
     if args.json_out:
         for r in rows.values():
             for job in r.values():

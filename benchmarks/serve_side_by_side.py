@@ -4,6 +4,7 @@ These machines are noisy: compare configurations measured in the same run, never
 
     .venv/bin/python benchmarks/serve_side_by_side.py                        # tiny pair: no-spec vs DSPARK
     .venv/bin/python benchmarks/serve_side_by_side.py --suite scheduler      # DSPARK: scheduler on vs off
+    .venv/bin/python benchmarks/serve_side_by_side.py --suite cpu-markov     # CPU Markov step: upstream's vs ours
     .venv/bin/python benchmarks/serve_side_by_side.py --model-path T --draft-model-path D --concurrency 1 4
 
 Each configuration is a real `python -m sglang.launch_server` on 127.0.0.1 (stopped by PID after its run); the
@@ -46,6 +47,11 @@ def suites(args) -> dict[str, list[tuple[str, list[str], dict]]]:
             ("upstream DSPARK static", draft, {"SGLANG_DSPARK_WORKER": "upstream"}),
             ("sglang-dspark DSPARK", draft, {}),
         ],
+        "cpu-markov": [
+            ("no-spec", [], {}),
+            ("DSPARK, upstream Markov step", draft, {"SGLANG_DSPARK_CPU_MARKOV_STEP": "upstream"}),
+            ("DSPARK, our CPU Markov step", draft, {}),
+        ],
     }
 
 
@@ -74,7 +80,7 @@ def admission_summary(server) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=["spec", "scheduler", "upstream"], default="spec")
+    parser.add_argument("--suite", choices=["spec", "scheduler", "upstream", "cpu-markov"], default="spec")
     parser.add_argument("--model-path")
     parser.add_argument("--draft-model-path")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])

@@ -189,6 +189,67 @@ def test_b8_ragged_verify_metadata(loaded_plugins):
     assert extend_lens.tolist() == [8, 8, 8] and seq_lens.tolist() == [18, 28, 13]
 
 
+@pytest.mark.parametrize("step_dtype", [torch.float32, torch.bfloat16])
+def test_cpu_markov_step_matches_upstream_for_greedy_rows(loaded_plugins, monkeypatch, step_dtype):
+    """The CPU Markov-step hook never runs upstream's Philox noise, yet greedy rows get upstream's tokens and the
+    kept step logits are upstream's (ties and NaN included), alone or next to sampled rows."""
+    from sglang.kernels.ops.speculative.dspark import markov_sample
+
+    step_cls = markov_sample.MarkovSampleStep
+    upstream = step_cls.__dict__["torch"].__func__.__wrapped__  # the original function under the hook
+    philox_calls = []
+    real_philox = markov_sample._philox
+    monkeypatch.setattr(markov_sample, "_philox", lambda *a: philox_calls.append(1) or real_philox(*a))
+
+    rows, width, padded = 5, 37, 40  # padded columns past the bias width must never win
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(rows, padded, generator=gen)
+    base[:, width:] = 100.0
+    base[1, 4] = base[1, 9] = 50.0  # a tie: the lowest index wins
+    base[2, 7] = float("nan")  # a NaN wins over every number
+    bias = torch.randn(rows, width, generator=gen) * 0.1
+
+    def run(fn, temperatures):
+        out = torch.empty(rows, padded, dtype=step_dtype)
+        tokens = fn(step_cls, base_logits=base, bias=bias, temperatures=temperatures, key=1234,
+                    offset=torch.tensor([5]), step=2, step_dtype=step_dtype, logits_out=out, has_sampled_rows=None)
+        return tokens, out
+
+    hooked = lambda cls, **kw: step_cls.torch(**kw)  # noqa: E731
+    for temperatures in (torch.zeros(rows), torch.tensor([0.0, 0.7, 0.0, 1.0, 0.0])):
+        philox_calls.clear()
+        hooked_tokens, hooked_logits = run(hooked, temperatures)
+        assert philox_calls == []
+        upstream_tokens, upstream_logits = run(upstream, temperatures)
+        assert philox_calls  # upstream draws it even for the all-greedy batch
+        greedy = (temperatures == 0).nonzero().squeeze(1)
+        assert hooked_tokens[greedy].tolist() == upstream_tokens[greedy].tolist()
+        assert hooked_tokens[1] == 4 or temperatures[1] != 0
+        assert hooked_tokens[2] == 7 and int(hooked_tokens.max()) < width
+        assert torch.equal(hooked_logits.float().nan_to_num(), upstream_logits.float().nan_to_num())
+
+
+def test_cpu_markov_step_samples_the_step_distribution(loaded_plugins):
+    """Sampled rows draw from softmax(step logits / T). 6000 draws (one per block offset) of a 6-token
+    distribution at T = 0.8, chi-square test at p > 1e-4: statistic < 25.74, the 5-degree-of-freedom critical value
+    (a sampler a few percent off per token fails it)."""
+    from sglang_dspark.cpu.dspark_fallbacks import cpu_markov_step, markov_noise_seed
+
+    logits = torch.tensor([[1.0, 0.2, -0.5, 2.0, 0.0, -1.0]])
+    bias = torch.tensor([[0.3, 0.0, 0.1, -0.2, 0.0, 0.5]])
+    temperature = torch.tensor([0.8])
+    draws = 6000
+    tokens = torch.cat([cpu_markov_step(logits, bias, temperature, torch.float32,
+                                        noise_seed=markov_noise_seed(7, offset, 1)) for offset in range(draws)])
+    observed = torch.bincount(tokens, minlength=6).double()
+    expected = torch.softmax((logits + bias)[0].double() / 0.8, -1) * draws
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 25.74, (observed.tolist(), expected.tolist())
+    # Same seed, same token: a server seed reproduces a run.
+    again = cpu_markov_step(logits, bias, temperature, torch.float32, noise_seed=markov_noise_seed(7, 11, 1))
+    assert int(again) == int(tokens[11])
+
+
 def test_version_guard_refuses_other_sglang(monkeypatch):
     import sglang_dspark.version_guard as guard
 

@@ -25,7 +25,9 @@ from sglang_dspark.training.export import build_draft_config, expected_tensor_na
 from sglang_dspark.training.features import build_feature_cache
 from sglang_dspark.training.loss import dspark_loss
 from sglang_dspark.training.sts import collect_observations, ece, fit_sts, write_sts
-from sglang_dspark.training.trainer import TrainConfig, Trainer, micro_backward, micro_loss, pack, sample_anchors
+from sglang_dspark.training.trainer import (
+    TrainConfig, Trainer, lr_lambda, micro_backward, micro_loss, pack, sample_anchors,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAYER_IDS = [0, 1, 2]
@@ -209,6 +211,29 @@ def test_resume_is_bitwise_identical(setup, tmp_path):
         assert torch.equal(v, resumed.trainable_state_dict()[k]), k
     h_a = [h["loss"] for h in straight_history(tmp_path / "a")]
     assert h_a == [h["loss"] for h in straight_history(tmp_path / "b")]
+
+
+def test_extend_continues_with_a_new_total(setup, tmp_path):
+    """--extend: a run stopped at step 8 of 8 continues to 12 with the cosine schedule recomputed for 12 steps;
+    without it a different total is refused, and a total at or below the checkpoint's step is refused too."""
+    cfg = dict(steps=8, save_every=4, min_lr_ratio=0.1, log_every=1)
+    first = Trainer(fresh_model(setup), setup["cache"], train_cfg(tmp_path / "r", **cfg))
+    first.train()
+    with pytest.raises(ValueError, match="steps"):
+        Trainer(fresh_model(setup), setup["cache"], train_cfg(tmp_path / "r", **dict(cfg, steps=12))).train(resume=True)
+    with pytest.raises(ValueError, match="must be larger"):
+        Trainer(fresh_model(setup), setup["cache"], train_cfg(tmp_path / "r", **dict(cfg, steps=8))).train(
+            resume=True, extend=True)
+    longer = Trainer(fresh_model(setup), setup["cache"], train_cfg(tmp_path / "r", **dict(cfg, steps=12)))
+    hist = longer.train(resume=True, extend=True)
+    assert longer.step == 12 and [h["step"] for h in hist][-4:] == [9, 10, 11, 12]
+    logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "r" / "train_log.jsonl").read_text().splitlines())}
+    base, warmup = train_cfg("x").lr, train_cfg("x").warmup_ratio
+    for step in (7, 8):  # the lr logged at step k is the one step k used: schedule(k - 1)
+        assert math.isclose(logged[step], base * lr_lambda(8, warmup, 0.1)(step - 1), rel_tol=1e-6)
+    for step in (9, 10, 12):  # from the first extended step on, the 12-step schedule
+        assert math.isclose(logged[step], base * lr_lambda(12, warmup, 0.1)(step - 1), rel_tol=1e-6)
+    assert logged[9] > logged[8]  # cosine over 12 steps is higher at step 8 than over 8 steps
 
 
 def straight_history(out):

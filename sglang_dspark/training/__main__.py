@@ -127,9 +127,9 @@ def cmd_train(args) -> int:
     tcfg = _target_config(target)
     n_layers = int(tcfg["num_hidden_layers"])
     run_path = out / "run.json"
-    if not args.resume and any((out / "checkpoints").glob(f"{CKPT_PREFIX}*.pt")):
+    if not (args.resume or args.extend) and any((out / "checkpoints").glob(f"{CKPT_PREFIX}*.pt")):
         raise SystemExit(f"{out} already has checkpoints: pass --resume, or choose another --out")
-    if args.resume and run_path.is_file():
+    if (args.resume or args.extend) and run_path.is_file():
         run = json.loads(run_path.read_text())
         dcfg = run["draft_config"]
     else:
@@ -170,7 +170,7 @@ def cmd_train(args) -> int:
               f"target_layer_ids={dcfg['target_layer_ids']}, mask_token_id={dcfg['mask_token_id']}", file=sys.stderr)
     trainer = Trainer(model, cache, cfg)
     t0 = time.perf_counter()
-    trainer.train(resume=args.resume)
+    trainer.train(resume=args.resume or args.extend, extend=args.extend)
     export_dir = Path(args.export_dir) if args.export_dir else out / "draft"
     save_draft(model, export_dir, include_shared=not args.omit_shared, dtype=DTYPES[_dtype_of(dcfg)],
                tokenizer_dir=target)
@@ -333,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, default=None)
     t.add_argument("--device", default="cpu", help="cpu (default) or e.g. cuda")
     t.add_argument("--resume", action="store_true")
+    t.add_argument("--extend", action="store_true",
+                   help="resume a run with another --steps total (its cosine schedule is recomputed for it)")
     t.add_argument("--omit-shared", action="store_true", help="export without embed_tokens/lm_head copies")
     t.add_argument("--export-dtype", default=None, help="default: the target's dtype")
     t.add_argument("--quiet", action="store_true")

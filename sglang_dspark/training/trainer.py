@@ -290,11 +290,17 @@ class Trainer:
         found = sorted(self.ckpt_dir.glob(f"{CKPT_PREFIX}*.pt"))
         return found[-1] if found else None
 
-    def load_checkpoint(self, path: Path) -> None:
+    def load_checkpoint(self, path: Path, extend: bool = False) -> None:
+        """Continue a run bit for bit; ``extend``: also allow another ``steps`` total past the checkpoint's step (the
+        cosine schedule is recomputed for the new total from that step on, so lr moves to where that total puts it)."""
         st = torch.load(path, map_location=self.cfg.device, weights_only=False)
         if st["draft_config"] != self.model.config:
             raise ValueError(f"{path} was written for a different draft config")
+        if extend and self.cfg.steps <= st["step"]:
+            raise ValueError(f"{path} is at step {st['step']}: a new --steps total must be larger, got {self.cfg.steps}")
         for key in ("steps", "batch_size", "num_anchors", "lr", "seed", "warmup_ratio"):
+            if extend and key == "steps":
+                continue
             if st["train_config"].get(key) != self.cfg.to_json().get(key):
                 raise ValueError(f"{path}: {key}={st['train_config'].get(key)} differs from this run's "
                                  f"{self.cfg.to_json().get(key)}; resume with the same settings")
@@ -308,6 +314,10 @@ class Trainer:
         random.setstate(st["python_rng"])
         self.step, self.epoch, self.epoch_pos = st["step"], st["epoch"], st["epoch_pos"]
         self.history = list(st.get("history", []))
+        if extend:  # the loaded optimizer holds the old schedule's lr for the next step: take the new total's
+            for group, base, fn in zip(self.opt.param_groups, self.sched.base_lrs, self.sched.lr_lambdas):
+                group["lr"] = base * fn(self.step)
+            self.sched._last_lr = [group["lr"] for group in self.opt.param_groups]
 
     # ----------------------------------------------------------------------------- loop
 
@@ -351,15 +361,16 @@ class Trainer:
             rec["conf_abs_err"] = float(stats["conf_abs_err_sum"] / n_slots.sum())
         return rec
 
-    def train(self, resume: bool = False, stop_after: Optional[int] = None) -> List[dict]:
-        """Run to ``cfg.steps`` (``stop_after``: return early at that step, as an interruption would)."""
+    def train(self, resume: bool = False, stop_after: Optional[int] = None, extend: bool = False) -> List[dict]:
+        """Run to ``cfg.steps`` (``stop_after``: return early at that step, as an interruption would; ``extend``:
+        resume a run with another ``cfg.steps`` total than it was started with)."""
         from tqdm.auto import tqdm
 
         if self.cfg.threads:
             torch.set_num_threads(int(self.cfg.threads))
         ck = self.latest_checkpoint()
         if resume and ck is not None:
-            self.load_checkpoint(ck)
+            self.load_checkpoint(ck, extend=extend)
         elif ck is not None and self.step == 0:
             # a fresh run would interleave its checkpoints with the old run's (and prune the wrong ones)
             raise FileExistsError(f"{self.ckpt_dir} already holds {ck.name}: resume it or use another output folder")

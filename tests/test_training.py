@@ -223,9 +223,9 @@ def test_extend_continues_with_a_new_total(setup, tmp_path):
         Trainer(fresh_model(setup), setup["cache"], train_cfg(tmp_path / "r", **dict(cfg, steps=12))).train(resume=True)
     with pytest.raises(ValueError, match="must be larger"):
         Trainer(fresh_model(setup), setup["cache"], train_cfg(tmp_path / "r", **dict(cfg, steps=8))).train(
-            resume=True, extend=True)
+            extend=True)
     longer = Trainer(fresh_model(setup), setup["cache"], train_cfg(tmp_path / "r", **dict(cfg, steps=12)))
-    hist = longer.train(resume=True, extend=True)
+    hist = longer.train(extend=True)  # extend implies resume
     assert longer.step == 12 and [h["step"] for h in hist][-4:] == [9, 10, 11, 12]
     logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "r" / "train_log.jsonl").read_text().splitlines())}
     base, warmup = train_cfg("x").lr, train_cfg("x").warmup_ratio

@@ -170,7 +170,7 @@ def cmd_train(args) -> int:
               f"target_layer_ids={dcfg['target_layer_ids']}, mask_token_id={dcfg['mask_token_id']}", file=sys.stderr)
     trainer = Trainer(model, cache, cfg)
     t0 = time.perf_counter()
-    trainer.train(resume=args.resume or args.extend, extend=args.extend)
+    trainer.train(resume=args.resume, extend=args.extend)
     export_dir = Path(args.export_dir) if args.export_dir else out / "draft"
     save_draft(model, export_dir, include_shared=not args.omit_shared, dtype=DTYPES[_dtype_of(dcfg)],
                tokenizer_dir=target)

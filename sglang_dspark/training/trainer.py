@@ -363,13 +363,13 @@ class Trainer:
 
     def train(self, resume: bool = False, stop_after: Optional[int] = None, extend: bool = False) -> List[dict]:
         """Run to ``cfg.steps`` (``stop_after``: return early at that step, as an interruption would; ``extend``:
-        resume a run with another ``cfg.steps`` total than it was started with)."""
+        resume, allowing another ``cfg.steps`` total than the run was started with)."""
         from tqdm.auto import tqdm
 
         if self.cfg.threads:
             torch.set_num_threads(int(self.cfg.threads))
         ck = self.latest_checkpoint()
-        if resume and ck is not None:
+        if (resume or extend) and ck is not None:
             self.load_checkpoint(ck, extend=extend)
         elif ck is not None and self.step == 0:
             # a fresh run would interleave its checkpoints with the old run's (and prune the wrong ones)

@@ -29,9 +29,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sglang_dspark.admission_stats import ece_from_bins
-from sglang_dspark.arg_resolution import SHIPPED_STS_NAME
-from sglang_dspark.server_process import start_server
+from sglang_dspark.scheduling.stats import ece_from_bins
+from sglang_dspark.engine.arg_resolution import SHIPPED_STS_NAME
+from sglang_dspark.testing.server import start_server
 
 HELD_OUT = Path(__file__).resolve().parent / "data" / "bigbench_heldout_prompts.jsonl"
 
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     if args.model_path:
         target, draft = Path(args.model_path), Path(args.draft_model_path)
     else:
-        from sglang_dspark.default_models import ensure_default_pair
+        from sglang_dspark.embedded.defaults import ensure_default_pair
 
         target, draft = ensure_default_pair()
         draft = Path(args.draft_model_path) if args.draft_model_path else draft

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sglang_dspark.server_process import start_server
+from sglang_dspark.testing.server import start_server
 
 PROMPTS = [
     "def main():", "import os\nimport sys\n", "class Parser(object):\n    def __init__(self", "for i in range(10):",
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-total-tokens", type=int, default=8192)
     args = parser.parse_args(argv)
     if not args.model_path:
-        from sglang_dspark.default_models import ensure_default_pair
+        from sglang_dspark.embedded.defaults import ensure_default_pair
 
         args.model_path, args.draft_model_path = ensure_default_pair()
     log_dir = Path(tempfile.mkdtemp(prefix="sglang-dspark-bench-"))

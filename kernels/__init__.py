@@ -1,11 +1,6 @@
-"""sglang_dspark.kernels (installed from the repository's top-level `kernels/` folder)."""
+"""sglang_dspark.kernels (installed from the repository's top-level `kernels/` folder): every kernel of ours, each torch reference beside its Triton version."""
 
-if __name__ == "kernels":
-    # Imported as the top-level name `kernels` because a checkout's root is on sys.path (`python -m` run from it).
-    # That name can belong to another distribution (`kernels` is one SGLang and transformers probe for), so
-    # look like an unusable, version-0 install: version checks reject it and `from kernels import x` fails with
-    # ImportError, which is what their "is it installed?" code expects.
-    __version__ = "0.0.0"
+if __name__ == "kernels":  # imported under the bare name from a checkout's root: see sglang_dspark/name_guard.py
+    from sglang_dspark.name_guard import pose_as_unusable_install
 
-    def __getattr__(name):
-        raise AttributeError(f"'kernels' on sys.path here is the folder of sglang_dspark.kernels; it has no {name!r}")
+    pose_as_unusable_install(globals())

@@ -1,20 +1,141 @@
-"""Direct patches for DSPARK on the CPU: the three places no HookRegistry hook reaches.
+"""Every change to SGLang 0.5.23's behaviour that DSPARK needs on the CPU (one module, version-checked).
 
-Each is a data attribute or a torch method, not an SGLang function, and each is checked against the SGLang
-release it was written for (``apply()`` refuses any other). Applied only on the CPU platform, in every SGLang
-process, by ``sglang_dspark.plugin.register``.
+Upstream's DSPARK worker runs on the CPU once eight device assumptions below it are bridged. Each fix leaves non-CPU
+inputs on upstream's own path; ``apply()`` refuses any SGLang but the pinned release and runs only on the CPU
+platform, in every SGLang process (``sglang_dspark.plugin.register``).
+
+| id | upstream assumes (SGLang 0.5.23) | what we do | how |
+| --- | --- | --- | --- |
+| B1 | ``_handle_dspark`` accepts only cuda/npu/xpu | run upstream's resolution with a view whose device reads "cuda" | called by ``engine/arg_resolution.py`` (the one AROUND hook on ``_handle_dspark``) |
+| B2 | the draft's attention backend is in an allow-list without ``intel_amx`` (else flashinfer, absent on CPU) | add ``intel_amx`` to the list | data patch |
+| B3 | the fused draft-KV write is a Triton kernel | CPU pools return no bundle: the method's own torch path runs | AROUND hook |
+| B4 | ``Tensor.record_stream`` gets a CUDA stream | no-op for CPU tensors (no caching-allocator streams to record) | method patch |
+| B5 | ``spec_info.tree_topk`` exists (EAGLE/NGRAM field) | ``DFlashVerifyInput.tree_topk = 1``: a verify window is a linear chain | data patch |
+| B6 | QK-norm + RoPE is a Triton kernel for bf16/neox | take ``DFlashAttention``'s torch branch | AFTER hook |
+| B7 | sampled accept ends in a Triton chain sampler | CPU tensors go to ``sglang_dspark.kernels.rejection_sampling`` | AROUND hook |
+| B8 | intel_amx verify metadata is uniform-width | pack query rows by ``ragged_verify_layout`` | AROUND hook |
+| speed | the torch Markov step draws Philox noise over the vocab for every row | ``sglang_dspark.kernels.markov_step`` (``SGLANG_DSPARK_CPU_MARKOV_STEP=upstream`` keeps upstream's) | AROUND hook |
+
+Facts and file:line of each: shared notes ``dspark-on-cpu.md`` (blockers B1-B8).
 """
 
 from __future__ import annotations
 
 import logging
+import types
 
 import torch
 
+from sglang_dspark import envs
 from sglang_dspark.version_guard import require_supported_sglang
 
 logger = logging.getLogger(__name__)
 _applied = False
+
+_FUSED_KV_WRITE = "sglang.srt.models.dspark.DSparkDraftMixin._fused_kv_write_bundle"
+_DFLASH_ATTENTION_INIT = "sglang.srt.models.dflash.DFlashAttention.__init__"
+_CHAIN_SAMPLING = "sglang.kernels.ops.speculative.reject_sampling.chain_speculative_sampling_triton"
+_AMX_EXTEND_METADATA = "sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend._build_extend_metadata"
+_MARKOV_SAMPLE_TORCH = "sglang.kernels.ops.speculative.dspark.markov_sample.MarkovSampleStep.torch"
+
+
+class _DeviceReadsAsCuda:
+    """A resolving view whose ``device`` reads "cuda"; every other attribute is the real one."""
+
+    def __init__(self, view) -> None:
+        object.__setattr__(self, "_view", view)
+
+    def __getattr__(self, name):
+        if name == "device":
+            return "cuda"
+        return getattr(self._view, name)
+
+
+def handle_dspark_allowing_cpu(original, server_args):
+    """B1: ``_handle_dspark`` refuses every device but cuda/npu/xpu before resolving γ, draft tokens and limits.
+
+    Only the device guard reads ``cfg.device`` there; we run upstream's own code with a view whose device reads
+    "cuda", so every other resolution step stays upstream's.
+    """
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    if resolving_view(server_args).device != "cpu":
+        return original(server_args)
+    module_globals = dict(original.__globals__)
+    module_globals["resolving_view"] = lambda args: _DeviceReadsAsCuda(resolving_view(args))
+    clone = types.FunctionType(
+        original.__code__, module_globals, original.__name__, original.__defaults__, original.__closure__
+    )
+    return clone(server_args)
+
+
+def fused_kv_write_bundle_off_on_cpu(original, self, pool):
+    """B3: the fused draft-KV write is a Triton kernel with no device gate; on CPU pools return no bundle, which
+    selects the method's own torch path (stacked-KV GEMM + torch RMSNorm/RoPE + set_kv_buffer)."""
+    if str(getattr(pool, "device", "cpu")).startswith("cpu"):
+        return None
+    return original(self, pool)
+
+
+def dflash_attention_torch_qk_norm_rope(result, self, *args, **kwargs):
+    """B6: DFlashAttention picks a Triton QK-norm+RoPE kernel for bf16/neox; on the CPU take its torch branch."""
+    self.use_table_qk_norm_rope = False
+    return result
+
+
+def chain_sampling_dispatch(original, *args, **kwargs):
+    """B7: the sampled accept always ends in a Triton kernel; CPU tensors go to our torch chain sampler."""
+    predicts = args[0] if args else kwargs["predicts"]
+    if predicts.device.type != "cpu":
+        return original(*args, **kwargs)
+    from sglang_dspark.kernels.rejection_sampling import chain_speculative_sampling_torch
+
+    return chain_speculative_sampling_torch(*args, **kwargs)
+
+
+def amx_extend_metadata_with_ragged_verify(original, self, forward_batch):
+    """B8: the intel_amx backend assumes every request verifies ``draft_token_num`` tokens; a ragged verify
+    (per-request lengths, ``spec_info.ragged_verify_layout``) packs the query rows by its layout instead.
+    The device ``seq_lens`` holds the committed prefix; the kernel needs prefix + verify length."""
+    spec_info = forward_batch.spec_info
+    layout = getattr(spec_info, "ragged_verify_layout", None) if spec_info is not None else None
+    if layout is None or not forward_batch.forward_mode.is_target_verify():
+        return original(self, forward_batch)
+    verify_lens = layout.verify_lens.to(torch.int32)
+    extend_start_loc = layout.extend_start_loc.to(torch.int32)
+    seq_lens = forward_batch.seq_lens + verify_lens
+    return seq_lens, verify_lens, extend_start_loc, None
+
+
+def markov_step_on_cpu(original, cls, **kwargs):
+    """Speed, not a blocker: the Markov sampling step of every draft slot, on the CPU.
+
+    Upstream's torch path (the CPU's) draws Philox4x32-10 Gumbel noise over the whole vocabulary for every row and
+    every slot whenever the step logits are kept, greedy rows included (``has_sampled_rows=None``: a CUDA graph
+    cannot read the temperatures on the host). Philox written as int64 torch ops costs many passes over the vocab;
+    measured on SmolLM2 at concurrency 1 (py-spy) it was about a third of a whole DSPARK decode step. On the CPU
+    there is no graph and the host read is free, so:
+
+    * all rows greedy: no noise (a greedy row's key is its logit whatever the noise, so the tokens are upstream's);
+    * some row samples: Gumbel-max with noise from torch's CPU generator, seeded from upstream's (key, offset, step)
+      so a server seed still reproduces a run. Any exact sampler of the step distribution keeps verification
+      lossless (the kept step logits, not the noise, enter the acceptance test); these are not upstream's Philox
+      bits, which only matter for TP ranks agreeing on noise (TP > 1 is not supported on CPU).
+
+    Sharded vocabularies and empty shards stay on upstream's path.
+    """
+    temperatures = kwargs.get("temperatures")
+    if temperatures is None or temperatures.device.type != "cpu" or kwargs.get("gather") is not None \
+            or kwargs.get("vocab_start", 0) or kwargs["bias"].shape[1] == 0:
+        return original(cls, **kwargs)
+    from sglang_dspark.kernels.markov_step import cpu_markov_step, markov_noise_seed
+
+    sampled = temperatures != 0
+    seed = None
+    if kwargs.get("has_sampled_rows") is not False and bool(sampled.any()):
+        seed = markov_noise_seed(int(kwargs["key"]), int(kwargs["offset"].reshape(-1)[0]), int(kwargs["step"]))
+    return cpu_markov_step(kwargs["base_logits"], kwargs["bias"], temperatures, kwargs["step_dtype"],
+                           kwargs.get("logits_out"), noise_seed=seed)
 
 
 def allow_intel_amx_draft_backend() -> None:
@@ -54,12 +175,21 @@ def declare_linear_chain_verify() -> None:
 
 
 def apply() -> None:
+    """All of the above, once per process (CPU platform only; refuses any SGLang but the pinned release)."""
     global _applied
     if _applied:
         return
     require_supported_sglang()
-    allow_intel_amx_draft_backend()
-    make_record_stream_noop_on_cpu()
-    declare_linear_chain_verify()
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    allow_intel_amx_draft_backend()  # B2
+    make_record_stream_noop_on_cpu()  # B4
+    declare_linear_chain_verify()  # B5
+    HookRegistry.register(_FUSED_KV_WRITE, fused_kv_write_bundle_off_on_cpu, HookType.AROUND)  # B3
+    HookRegistry.register(_DFLASH_ATTENTION_INIT, dflash_attention_torch_qk_norm_rope, HookType.AFTER)  # B6
+    HookRegistry.register(_CHAIN_SAMPLING, chain_sampling_dispatch, HookType.AROUND)  # B7
+    HookRegistry.register(_AMX_EXTEND_METADATA, amx_extend_metadata_with_ragged_verify, HookType.AROUND)  # B8
+    if envs.CPU_MARKOV_STEP.get() != "upstream":
+        HookRegistry.register(_MARKOV_SAMPLE_TORCH, markov_step_on_cpu, HookType.AROUND)
     _applied = True
     logger.debug("sglang-dspark: CPU DSPARK patches applied")

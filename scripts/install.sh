@@ -53,7 +53,7 @@ PY
   echo "[install] sglang-dspark (editable, --no-deps: its sglang pin would pull the CUDA stack)"
   "${pip[@]}" --no-deps -e "$repo"
   # The CPU platform has to be active before SGLang's own imports run in every process it spawns, which only an
-  # interpreter start-up hook reaches. It is inert unless SGLang runs on the CPU (see sglang_dspark/_startup.py).
+  # interpreter start-up hook reaches. It is inert unless SGLang runs on the CPU (see sglang_dspark/cpu/startup.py).
   "$py" -m sglang_dspark.cpu.startup_hook install
 else
   echo "[install] sglang 0.5.23 (CUDA)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduce the shipped SmolLM2 DSpark draft (sglang_dspark/models/smollm2_draft) on a CPU machine.
+# Reproduce the shipped SmolLM2 DSpark draft (sglang_dspark/embedded/smollm2_draft) on a CPU machine.
 #
 #   scripts/train_smollm2_draft.sh WORK_DIR [STEPS]
 #
@@ -21,7 +21,7 @@ GEN_MINUTES=${GEN_MINUTES:-}  # optional wall-time bound for step 2 (the shipped
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$REPO/.venv/bin/python}
 mkdir -p "$WORK"
-TARGET=$("$PY" -m sglang_dspark.models.smollm2 --dtype float32)
+TARGET=$("$PY" -m sglang_dspark.embedded.smollm2 --dtype float32)
 T="$PY -m sglang_dspark.training"
 
 $T prompts --bigbench "$WORK/bigbench-1.0.0.tar.gz" --out-dir "$WORK"
@@ -37,4 +37,4 @@ $T train --target "$TARGET" --data "$WORK/train_answers.jsonl" --out "$WORK/run"
     --save-every 25 --log-every 5 --threads 2 --export-dtype bfloat16 --omit-shared --export-dir "$WORK/draft" --resume
 $T calibrate --draft "$WORK/draft" --target "$TARGET" --data "$WORK/calib_answers.jsonl" \
     --cache-dir "$WORK/calib_features" --out "$WORK/draft/dspark_sts.json" --threads 2
-echo "draft: $WORK/draft  (copy it to sglang_dspark/models/smollm2_draft to ship it)"
+echo "draft: $WORK/draft  (copy it to sglang_dspark/embedded/smollm2_draft to ship it)"

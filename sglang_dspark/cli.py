@@ -13,8 +13,8 @@ import time
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from sglang_dspark.default_models import ensure_default_pair
-    from sglang_dspark.server_process import chat, start_server
+    from sglang_dspark.embedded.defaults import ensure_default_pair
+    from sglang_dspark.testing.server import chat, start_server
 
     target, draft = (args.model_path, args.draft_model_path) if args.model_path else ensure_default_pair()
     # --dtype float32: SGLang's "auto" would serve a float32 checkpoint in float16.
@@ -47,7 +47,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _tiny_pair(args: argparse.Namespace) -> int:
-    from sglang_dspark.models.tiny_pair import build_tiny_pair
+    from sglang_dspark.testing.tiny_pair import build_tiny_pair
 
     pair = build_tiny_pair(args.out_dir, seed=args.seed, force=args.force)
     print(pair.target_dir)

@@ -1,7 +1,8 @@
-"""The SGLang plugin (entry point ``dspark`` in group ``sglang.srt.plugins``).
+"""The SGLang plugin (entry point ``dspark`` in group ``sglang.srt.plugins``): the front door.
 
 SGLang calls ``register()`` in every process it starts (launcher, scheduler, detokenizer) before it builds the
-scheduler, so hooks registered here are live where the worker runs. Heavy imports stay inside ``register``.
+scheduler, so hooks registered here are live where the worker runs. Heavy imports stay inside ``register``; what
+the hooks are lives in ``patches/`` (changes to SGLang's behaviour) and ``engine/`` (our worker and planner).
 """
 
 from __future__ import annotations
@@ -18,30 +19,17 @@ def register() -> None:
         return
     _registered = True
 
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from sglang_dspark._startup import cpu_platform_active
+    from sglang_dspark import envs
+    from sglang_dspark.cpu.startup import cpu_platform_active
     from sglang_dspark.version_guard import require_supported_sglang
 
     require_supported_sglang()
+    envs.validate_all()  # a mistyped switch fails here, by name, in every process
     if cpu_platform_active():
-        from sglang_dspark.cpu import dspark_fallbacks
         from sglang_dspark.patches import cpu_dspark
 
         cpu_dspark.apply()
-        dspark_fallbacks.register_hooks()
 
-    from sglang_dspark.arg_resolution import DSPARK_ARG_HANDLER, handle_dspark
-    from sglang_dspark.worker import UPSTREAM_WORKER_TARGET, DSparkWorker, use_upstream_worker
+    from sglang_dspark.engine.hooks import register_engine_hooks
 
-    # CPU device guard and, with our worker, the verify mode of the admission policy.
-    HookRegistry.register(DSPARK_ARG_HANDLER, handle_dspark, HookType.AROUND)
-    if use_upstream_worker():
-        logger.info("SGLANG_DSPARK_WORKER=upstream: keeping SGLang's own DSparkWorkerV2 and planner")
-        return
-    from sglang_dspark.observability import register_observability_hooks
-    from sglang_dspark.planner import UPSTREAM_PLANNER_TARGET, AdmissionVerifyPlanner
-
-    HookRegistry.register(UPSTREAM_WORKER_TARGET, DSparkWorker, HookType.REPLACE)
-    HookRegistry.register(UPSTREAM_PLANNER_TARGET, AdmissionVerifyPlanner, HookType.REPLACE)
-    register_observability_hooks()
+    register_engine_hooks()

@@ -2,41 +2,14 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import os
 from pathlib import Path
 
 import pytest
 
-from sglang_dspark.server_process import SGLangServer, start_server
-
-# Twenty prompts, code-like (the tiny tokenizer is trained on Python source).
-PROMPTS = [
-    "def main():",
-    "import os\nimport sys\n",
-    "class Parser(object):\n    def __init__(self",
-    "for i in range(10):",
-    "    return self.",
-    "if __name__ == '__main__':",
-    "try:\n    import",
-    "def __repr__(self):\n        return",
-    "# Copyright",
-    "raise ValueError(",
-    "with open(path) as f:",
-    "lambda x:",
-    "while True:\n    line =",
-    "\"\"\"Return the",
-    "self.assertEqual(",
-    "except KeyError:",
-    "@property\ndef name(self):",
-    "from collections import",
-    "async def fetch(",
-    "print(f\"{",
-]
-MAX_NEW_TOKENS = 64
-GREEDY = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-
+from sglang_dspark.testing.helpers import greedy_ids
+from sglang_dspark.testing.server import start_server
 
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory):
@@ -52,14 +25,14 @@ def private_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
-    from sglang_dspark.models.tiny_pair import build_tiny_pair
+    from sglang_dspark.testing.tiny_pair import build_tiny_pair
 
     return build_tiny_pair(tmp_path_factory.mktemp("tiny-pair"))
 
 
 @pytest.fixture(scope="session")
 def tiny_eagle(tiny_pair):
-    from sglang_dspark.models.tiny_eagle import build_tiny_eagle
+    from sglang_dspark.testing.tiny_eagle import build_tiny_eagle
 
     return build_tiny_eagle(tiny_pair.target_dir, Path(tiny_pair.target_dir).parent / "eagle")
 
@@ -86,25 +59,6 @@ def launch(server_logs):
             server.stop()
 
     return _launch
-
-
-def greedy_ids(server: SGLangServer, prompts=PROMPTS, concurrency: int = 1, params=GREEDY) -> list[list[int]]:
-    """Output token ids per prompt, sent one at a time or `concurrency` at once."""
-
-    def one(prompt):
-        return server.generate(prompt, dict(params))
-
-    if concurrency == 1:
-        results = [one(p) for p in prompts]
-    else:
-        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-            results = list(pool.map(one, prompts))
-    return [r["output_ids"] for r in results]
-
-
-def generate_all(server: SGLangServer, prompts, params, concurrency: int = 1) -> list[dict]:
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(lambda p: server.generate(p, dict(params)), prompts))
 
 
 @pytest.fixture(scope="session")

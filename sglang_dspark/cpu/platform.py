@@ -1,6 +1,6 @@
 """The CPU platform's SGLang plugin (entry point ``dspark_cpu_platform``).
 
-The start-up hook (``sglang_dspark._startup``) already provides ``sgl_kernel`` and fixes torchvision. What is left
+The start-up hook (``sglang_dspark.cpu.startup``) already provides ``sgl_kernel`` and fixes torchvision. What is left
 needs SGLang itself: argument resolution rewrites ``--attention-backend intel_amx`` to ``torch_native`` unless the
 platform declares AMX, and ``torch_native`` has no speculative-verify path. The intel_amx backend's attention ops
 are our torch stand-ins, so declaring it usable is true on any x86/arm CPU. We register no
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_dspark._startup import cpu_platform_active
+from sglang_dspark.cpu.startup import cpu_platform_active
 
 logger = logging.getLogger(__name__)
 _platform_override = None

@@ -2,7 +2,7 @@
 
     python -m sglang_dspark.cpu.startup_hook install|uninstall|status
 
-``scripts/install.sh cpu`` runs ``install``. The hook itself (``sglang_dspark._startup``) is inert unless SGLang runs
+``scripts/install.sh cpu`` runs ``install``. The hook itself (``sglang_dspark.cpu.startup``) is inert unless SGLang runs
 on a CPU, and the line tolerates this package being uninstalled.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 PTH_NAME = "sglang_dspark_cpu.pth"
 PTH_LINE = (
-    'import sys; exec("try:\\n import sglang_dspark._startup\\nexcept ImportError:\\n pass")\n'
+    'import sys; exec("try:\\n import sglang_dspark.cpu.startup\\nexcept ImportError:\\n pass")\n'
 )
 
 

@@ -22,8 +22,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .draft_model import DSparkDraft, default_target_layer_ids, init_std, num_params
-from .export import build_draft_config, load_draft, save_draft
+from sglang_dspark.draft.model import DSparkDraft, default_target_layer_ids, init_std, num_params
+from sglang_dspark.draft.checkpoint import build_draft_config, load_draft, save_draft
 from .features import DTYPES, FeatureCache, build_feature_cache, validate_layer_ids
 from .trainer import CKPT_PREFIX, TrainConfig, Trainer
 

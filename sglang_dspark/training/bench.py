@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from .draft_model import DSparkDraft, num_params
+from sglang_dspark.draft.model import DSparkDraft, num_params
 from .features import CachedSequence
 from .trainer import TrainConfig, micro_backward, pack, sample_anchors
 from .loss import slot_weights

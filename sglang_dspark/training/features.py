@@ -38,7 +38,7 @@ def dtype_name(dt: torch.dtype) -> str:
 
 
 def _transformers():
-    from sglang_dspark.models.tiny_pair import import_transformers
+    from sglang_dspark.cpu.startup import import_transformers
 
     tf = import_transformers()
     tf.logging.set_verbosity_error()

@@ -26,7 +26,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .draft_model import DSparkDraft
+from sglang_dspark.draft.model import DSparkDraft
 from .features import FeatureCache
 from .trainer import pack, sample_anchors
 

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .draft_model import DSparkDraft
+from sglang_dspark.draft.model import DSparkDraft
 from .features import CachedSequence, FeatureCache
 from .loss import DEFAULT_DECAY, dspark_loss, slot_weights
 

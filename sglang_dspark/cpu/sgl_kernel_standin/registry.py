@@ -19,11 +19,13 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
+from sglang_dspark import envs
+
 logger = logging.getLogger("sglang_dspark.cpu.sgl_kernel_standin")
 
 OPS_NAMESPACE = "sgl_kernel"
 
-_TRACE = os.environ.get("SGLANG_DSPARK_STANDIN_TRACE", "0") not in ("", "0")
+_TRACE = envs.STANDIN_TRACE.get() == "1"
 _traced_names: set = set()
 
 # The Library object must stay alive: torch removes its registrations when it is garbage collected.

@@ -1,0 +1,92 @@
+"""Every ``SGLANG_DSPARK_*`` switch, declared once: name, type, default, choices, what it does.
+
+Read a switch with ``envs.NAME.get()``. A value outside the declared choices raises ``ValueError`` naming the switch,
+the value and the choices (a typo must not pass silently); an empty value means "not set" for every switch. The
+README's switch table is checked against ``SWITCHES`` (tests/unit/test_envs.py).
+
+Stdlib only: the CPU start-up hook reads these in every interpreter before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    default: Optional[str]
+    doc: str
+    choices: tuple[str, ...] = ()  # empty: free text (a path)
+
+    def raw(self) -> Optional[str]:
+        value = os.environ.get(self.name, "").strip()
+        return value or None
+
+    def get(self) -> Optional[str]:
+        """The value (lower-cased when the switch has choices), or the default when unset or empty."""
+        value = self.raw()
+        if value is None:
+            return self.default
+        if not self.choices:
+            return value
+        value = value.lower()
+        if value not in self.choices:
+            raise ValueError(
+                f"{self.name}={value!r} is not valid; choose one of {', '.join(self.choices)} "
+                f"(default {self.default!r}), or unset it."
+            )
+        return value
+
+    def is_set(self) -> bool:
+        return self.raw() is not None
+
+
+ADMISSION = Switch(
+    "SGLANG_DSPARK_ADMISSION", "async",
+    "admission policy: async (default; capacity from lagged confidences, no host sync), exact (Algorithm 1 on "
+    "current confidences, host sync), verify-all (upstream's static mode), off (anchor only)",
+    ("async", "exact", "verify-all", "off"),
+)
+WORKER = Switch(
+    "SGLANG_DSPARK_WORKER", "sglang-dspark",
+    "sglang-dspark (default): our worker and planner; upstream: keep SGLang's own DSparkWorkerV2 (comparisons)",
+    ("sglang-dspark", "upstream"),
+)
+CPU_PLATFORM = Switch(
+    "SGLANG_DSPARK_CPU_PLATFORM", "1",
+    "1 (default): activate the CPU platform when SGLang runs on the CPU; 0: never activate it",
+    ("1", "0"),
+)
+CPU_MARKOV_STEP = Switch(
+    "SGLANG_DSPARK_CPU_MARKOV_STEP", "ours",
+    "on the CPU, ours (default): no noise for greedy rows, one Gumbel draw per sampled row; upstream: upstream's "
+    "torch step (Philox noise on every row)",
+    ("ours", "upstream"),
+)
+CACHE = Switch(
+    "SGLANG_DSPARK_CACHE", None,
+    "cache folder for converted models and SPS tables (default ~/.cache/sglang-dspark)",
+)
+STANDIN_TRACE = Switch(
+    "SGLANG_DSPARK_STANDIN_TRACE", "0",
+    "1: log every call into the CPU sgl_kernel stand-in (debugging)",
+    ("0", "1"),
+)
+
+SWITCHES: tuple[Switch, ...] = (ADMISSION, WORKER, CPU_PLATFORM, CPU_MARKOV_STEP, CACHE, STANDIN_TRACE)
+
+
+def cache_root() -> Path:
+    """The project-wide cache folder (``SGLANG_DSPARK_CACHE``, default ``~/.cache/sglang-dspark``)."""
+    value = CACHE.get()
+    return Path(value) if value else Path.home() / ".cache" / "sglang-dspark"
+
+
+def validate_all() -> None:
+    """Raise on the first switch with a bad value (called once at plugin registration)."""
+    for switch in SWITCHES:
+        switch.get()

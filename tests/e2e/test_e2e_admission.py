@@ -1,0 +1,100 @@
+"""End to end: confidence-scheduled verification is on by default, and every policy stays lossless.
+
+Real CPU servers (stock launcher), tiny fp32 pair; greedy ids must equal the non-speculative server's, token for
+token, for every admission policy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from sglang_dspark.testing.helpers import GREEDY, PROMPTS, assert_same_ids, dspark_args, generate_all, steep_sps_table
+
+pytestmark = pytest.mark.server
+
+
+def admission_info(server) -> dict:
+    info = server.get("/server_info").json()
+    return info["internal_states"][0]["dspark_admission"]
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_default_async_policy_profiles_sps_and_schedules(tiny_pair, launch, nospec_reference):
+    """No flags beyond DSPARK: SPS profiled at start-up, per-request ragged admission, observability filled."""
+    with launch(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir)) as server:
+        results = generate_all(server, PROMPTS, GREEDY, concurrency=8)
+        info = admission_info(server)
+        log = server.log_text()
+        startup = server.startup_seconds
+    assert_same_ids([r["output_ids"] for r in results], nospec_reference["bs8"], "async, 8 concurrent")
+    assert info["policy"] == "async"
+    assert info["sps"]["source"] in ("profiled", "cache")
+    assert info["sps"]["age_seconds"] >= 0
+    assert info["steps"] > 0 and info["mean_accept_len"] >= 1.0
+    histogram = info["admitted_len_histogram"]
+    assert len(histogram) == 8 and sum(histogram) > 0
+    assert info["ece"] is not None and 0.0 <= info["ece"] <= 1.0
+    profiled = [line for line in log.splitlines() if "sglang-dspark admission: policy=async" in line]
+    assert profiled, "the SPS table line is missing from the log"
+    seconds = float(profiled[0].split(" in ")[1].split(" s ")[0])
+    assert seconds < 0.10 * startup, f"SPS took {seconds:.2f} s of a {startup:.1f} s start-up"
+
+
+@pytest.mark.parametrize("policy", ["exact", "verify-all", "off"])
+def test_every_policy_is_lossless(policy, tiny_pair, launch, nospec_reference):
+    env = {"SGLANG_DSPARK_ADMISSION": policy}
+    with launch(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), env=env) as server:
+        bs1 = generate_all(server, PROMPTS, GREEDY, concurrency=1)
+        bs8 = generate_all(server, PROMPTS, GREEDY, concurrency=8)
+        info = admission_info(server)
+        log = server.log_text()
+    assert_same_ids([r["output_ids"] for r in bs1], nospec_reference["bs1"], f"{policy} bs1")
+    assert_same_ids([r["output_ids"] for r in bs8], nospec_reference["bs8"], f"{policy} 8 concurrent")
+    assert info["policy"] == policy
+    histogram = info["admitted_len_histogram"]
+    if policy == "off":
+        assert histogram[0] > 0 and sum(histogram[1:]) == 0  # only anchors verified
+    if policy == "verify-all":
+        assert histogram[-1] > 0 and sum(histogram[:-1]) == 0
+    if policy == "exact":
+        # Started after the default server with the same engine settings: the SPS table comes from the disk cache.
+        assert "SPS table from cache" in log
+
+
+def test_upstream_sps_table_json_still_loads(tiny_pair, launch, nospec_reference, tmp_path):
+    args = dspark_args(tiny_pair.draft_dir) + [
+        "--speculative-dspark-sps-table-path", str(steep_sps_table(tmp_path / "sps.json")),
+        "--enable-metrics", "--decode-log-interval", "5",
+    ]
+    with launch(tiny_pair.target_dir, args) as server:
+        results = generate_all(server, PROMPTS[:8], GREEDY, concurrency=4)
+        info = admission_info(server)
+        metrics = server.get("/metrics").text
+    assert_same_ids([r["output_ids"] for r in results] + nospec_reference["bs1"][8:], nospec_reference["bs1"], "json")
+    assert info["sps"]["source"] == "upstream-json"
+    # Prometheus (--enable-metrics): our series, exported from the scheduler process.
+    for name in ("sglang_dspark:mean_admitted_draft_len", "sglang_dspark:confidence_ece", "sglang_dspark:admission_policy_info"):
+        assert name in metrics, name
+    # The steep table makes extra verify tokens expensive: short windows on average.
+    assert info["mean_admitted_draft_len"] < 7
+
+
+def test_draft_without_confidence_head_falls_back_to_verify_all(tiny_pair, launch, nospec_reference, tmp_path):
+    from sglang_dspark.testing.tiny_pair import build_tiny_pair
+
+    headless = build_tiny_pair(tmp_path / "headless", confidence_head=False)
+    assert digest(headless.target_dir / "model.safetensors") == digest(tiny_pair.target_dir / "model.safetensors")
+    assert json.loads((headless.draft_dir / "config.json").read_text())["enable_confidence_head"] is False
+    with launch(tiny_pair.target_dir, dspark_args(headless.draft_dir)) as server:
+        results = generate_all(server, PROMPTS, GREEDY, concurrency=1)
+        info = admission_info(server)
+        log = server.log_text()
+    assert_same_ids([r["output_ids"] for r in results], nospec_reference["bs1"], "no confidence head")
+    assert log.count("has no confidence head") == 1
+    assert info["policy"] == "verify-all"

@@ -9,6 +9,12 @@ bookkeeping) is learned on top of it from measured step times (profiler/step_ove
 The synthetic verify batches use request-pool rows and KV slots that are free at start-up (nothing is allocated
 through the allocators, so nothing can leak); the rows are reset afterwards. Their KV contents are garbage, which
 does not change the cost of attention.
+
+Under CUDA graphs in compact mode the engine only runs verify batches padded to a captured token tier T with
+S = min(T, max_bs) request slots (the graph runner asserts it), so probes are taken only at those shapes and the
+table rounds lookups up to the tier the same way. Under TP every rank runs the same forwards and ends with the same
+table (``profiler/tp_consensus.py``): ranks that planned or cached differently would replay different graph tiers and
+hang in their collectives.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from typing import Callable, Optional
 
 import torch
 
-from sglang_dspark.profiler.probe_plan import ProbePlan, build_table, make_probe_plan, split_verify_tokens
+from sglang_dspark.profiler.probe_plan import ProbePlan, fit_schedule_to_budget, graph_token_tiers, make_probe_plan
 from sglang_dspark.profiler.sps_cache import SpsTableCache, make_cache_key
 from sglang_dspark.profiler.sps_table import SpsTable
+from sglang_dspark.profiler.tp_consensus import profile_consistently
 from sglang_dspark.profiler.upstream_sps import load_sps_table_file
 
 logger = logging.getLogger(__name__)
@@ -32,34 +39,47 @@ logger = logging.getLogger(__name__)
 class ObtainedSpsTable:
     table: SpsTable
     source: str  # "profiled" | "cache" | "upstream-json"
-    seconds: float  # wall time spent obtaining it
+    seconds: float
 
 
-def make_verify_forward_measurer(model_runner, gamma: int, context_tokens: int) -> Callable[[int, int], float]:
-    """``measure(R, B) -> seconds`` of one target TARGET_VERIFY forward: R requests, B verify tokens in total
-    (anchors included), each request with ``context_tokens`` of committed context."""
+def make_verify_forward_measurer(model_runner, plan: ProbePlan) -> Callable[[int, int], float]:
+    """``measure(R, B) -> seconds`` of one TARGET_VERIFY forward of probe (R, B) of ``plan``.
+
+    Per-token tensors are ``B`` long: ``plan.probe_verify_lens(R, B)`` real tokens first, then zeros (position 0,
+    KV slot 0 = SGLang's padding slot, token 0), exactly how upstream pads a compact window to its tier
+    (kernels/ops/speculative/dspark/dspark_verify_window.py:96-129); the graph runner copies ``graph_num_tokens``
+    tokens (decode_cuda_graph_runner.py:1641-1648). Eager plans have no padding (B real tokens, grid [B]).
+    """
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
     from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
 
     device = model_runner.device
     req_to_token = model_runner.req_to_token_pool.req_to_token
-    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    context = plan.context_tokens
+    grid = list(plan.token_tiers) if plan.token_tiers is not None else None
+    dev = torch.device(device)
+    sync = (lambda: torch.get_device_module(dev).synchronize()) if dev.type != "cpu" else (lambda: None)
 
     def measure(num_requests: int, verify_tokens: int) -> float:
-        lens = split_verify_tokens(num_requests, verify_tokens, gamma + 1)
-        width = context_tokens + max(lens)
-        # Slot 0 is SGLang's padding slot; every request reads the same context slots 1..context_tokens.
+        lens = plan.probe_verify_lens(num_requests, verify_tokens)
+        real = sum(lens)
+        width = context + max(lens)
         req_to_token[:num_requests, :width] = torch.arange(1, width + 1, dtype=req_to_token.dtype, device=device)
-        seq_lens = torch.full((num_requests,), context_tokens, dtype=torch.int64, device=device)
-        positions = torch.cat([torch.arange(context_tokens, context_tokens + n) for n in lens]).to(device)
-        out_cache_loc = positions + 1
+        seq_lens = torch.full((num_requests,), context, dtype=torch.int64, device=device)
+        positions = torch.zeros(verify_tokens, dtype=torch.int64, device=device)
+        positions[:real] = torch.cat([torch.arange(context, context + n) for n in lens]).to(device)
+        out_cache_loc = torch.zeros(verify_tokens, dtype=torch.int64, device=device)
+        out_cache_loc[:real] = positions[:real] + 1
         input_ids = torch.zeros(verify_tokens, dtype=torch.int64, device=device)
-        layout = RaggedVerifyLayout.from_verify_lens(verify_lens_cpu=lens, device=device, grid=[verify_tokens])
+        layout = RaggedVerifyLayout.from_verify_lens(
+            verify_lens_cpu=lens, device=device, grid=grid if grid is not None else [verify_tokens]
+        )
+        assert layout.graph_num_tokens == verify_tokens, (num_requests, verify_tokens, layout.graph_num_tokens)
         spec_info = DFlashVerifyInput(
             draft_token=input_ids,
             positions=positions,
-            draft_token_num=gamma + 1,
+            draft_token_num=plan.gamma + 1,
             ragged_verify_layout=layout,
             capture_hidden_mode=CaptureHiddenMode.FULL,
         )
@@ -70,7 +90,7 @@ def make_verify_forward_measurer(model_runner, gamma: int, context_tokens: int) 
             req_pool_indices=torch.arange(num_requests, dtype=torch.int64, device=device),
             seq_lens=seq_lens,
             out_cache_loc=out_cache_loc,
-            seq_lens_sum=int(context_tokens * num_requests),
+            seq_lens_sum=int(context * num_requests),
             seq_lens_cpu=seq_lens.cpu() + torch.tensor(lens),
             positions=positions,
             spec_info=spec_info,
@@ -79,8 +99,8 @@ def make_verify_forward_measurer(model_runner, gamma: int, context_tokens: int) 
         )
         sync()
         started = time.perf_counter()
-        with torch.inference_mode():
-            model_runner.forward(batch)  # the engine's own path: attention metadata, forward context, logits
+        with torch.no_grad():  # not inference_mode: SGLang avoids it at init (scheduler.py:1119-1120)
+            model_runner.forward(batch)
         sync()
         return time.perf_counter() - started
 
@@ -93,6 +113,16 @@ def make_verify_forward_measurer(model_runner, gamma: int, context_tokens: int) 
     return measure_and_reset
 
 
+def _tp_cpu_group():
+    """SGLang's TP gloo group when TP > 1, else None (single-process path)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    if int(getattr(parallel, "tp_size", 1) or 1) <= 1:
+        return None, 1
+    return parallel.tp_group.cpu_group, int(parallel.tp_size)
+
+
 def obtain_sps_table(
     *,
     model_runner,
@@ -101,67 +131,48 @@ def obtain_sps_table(
     upstream_table_path: Optional[str],
     time_budget_seconds: float = 2.0,
 ) -> ObtainedSpsTable:
-    """The SPS table for this engine: upstream's JSON if given, else the on-disk cache, else profile now."""
+    """The SPS table for this engine: upstream's JSON if given, else the on-disk cache, else profile now.
+    Under TP every rank returns the same table (rank 0 reads the cache, plans, and broadcasts)."""
     started = time.monotonic()
+    token_tiers, max_slots = graph_token_tiers(model_runner)
     if upstream_table_path:
         table = load_sps_table_file(upstream_table_path, max_requests=max_requests)
+        if token_tiers is not None:
+            table = table.with_graph_tiers(token_tiers, max_slots)  # its curve, read at the graph tiers
         return ObtainedSpsTable(table, "upstream-json", time.monotonic() - started)
 
+    from sglang.srt.speculative.ragged_verify import read_ragged_verify_mode
+
     pool_tokens = int(model_runner.token_to_kv_pool.size)
-    plan = make_probe_plan(max_requests, gamma, pool_tokens)
+
+    def make_plan(max_probes: int = 40) -> ProbePlan:
+        return make_probe_plan(
+            max_requests, gamma, pool_tokens, max_probes=max_probes, token_tiers=token_tiers, max_slots=max_slots
+        )
+
+    plan = make_plan()
+    group, tp_size = _tp_cpu_group()
     model_config = model_runner.model_config
     key = make_cache_key(
         model_path=model_config.model_path,
         dtype=str(model_config.dtype),
         device=str(model_runner.device),
-        tp_size=int(getattr(model_runner, "tp_size", 1) or 1),
+        tp_size=tp_size,  # ModelRunner has no tp_size attribute: getattr(model_runner, "tp_size", 1) was always 1
         attention_backend=type(model_runner.attn_backend).__name__,
         max_total_tokens=pool_tokens,
-        probe_grid=plan.to_dict(),
+        probe_grid=plan,  # carries token_tiers / max_slots
+        cuda_graph=model_runner.decode_cuda_graph_runner is not None,
+        verify_mode=read_ragged_verify_mode().value,
     )
     cache = SpsTableCache()
-    cached = cache.load(key)
-    if cached is not None:
-        return ObtainedSpsTable(cached, "cache", time.monotonic() - started)
-
-    measure = make_verify_forward_measurer(model_runner, gamma, plan.context_tokens)
-    plan, repeats, warmup = fit_plan_to_budget(measure, plan, time_budget_seconds, max_requests, gamma, pool_tokens)
-    table = build_table(measure, plan, progress=True, repeats=repeats, warmup=warmup)
-    try:
-        cache.store(key, table)
-    except OSError as exc:  # a read-only home must not stop the server
-        logger.warning("sglang-dspark: could not cache the SPS table (%s); it will be profiled again next start.", exc)
-    return ObtainedSpsTable(table, "profiled", time.monotonic() - started)
-
-
-def fit_plan_to_budget(measure, plan: ProbePlan, budget_seconds: float, max_requests: int, gamma: int, pool_tokens: int):
-    """(plan, repeats, warmup) whose estimated profiling time fits ``budget_seconds``.
-
-    Start-up must stay short (target: under 10 % of server start-up). The cost of a probe is estimated from two
-    measured ones (smallest and largest verify batch, linear in B between them); then, in order, we drop repeats,
-    drop per-probe warm-ups, and finally thin the grid. The table's interpolation covers what a thinner grid skips,
-    and online refinement corrects it while serving.
-    """
-    probes = list(plan.probes())
-    smallest = min(probes, key=lambda p: p[1])
-    largest = max(probes, key=lambda p: p[1])
-    measure(*largest)  # first-call allocations
-    t_small, t_large = measure(*smallest), measure(*largest)
-    span = max(1, largest[1] - smallest[1])
-
-    def one_pass(candidate: ProbePlan) -> float:
-        return sum(t_small + (t_large - t_small) * (b - smallest[1]) / span for _, b in candidate.probes())
-
-    for repeats, warmup in ((3, 1), (2, 0), (1, 0)):
-        if one_pass(plan) * (repeats + warmup) <= budget_seconds:
-            return plan, repeats, warmup
-    max_probes = plan.num_probes
-    while max_probes > 8:
-        max_probes = max(8, int(max_probes * 0.7))
-        thinner = make_probe_plan(max_requests, gamma, pool_tokens, max_probes=max_probes)
-        if one_pass(thinner) <= budget_seconds:
-            return thinner, 1, 0
-    logger.warning(
-        "sglang-dspark: SPS profiling needs ~%.1f s even on a minimal grid (budget %.1f s)", one_pass(thinner), budget_seconds
+    measure = make_verify_forward_measurer(model_runner, plan)  # context_tokens and tiers do not change on thinning
+    table = profile_consistently(
+        measure,
+        lambda collective_measure: fit_schedule_to_budget(collective_measure, make_plan, time_budget_seconds),
+        group,
+        load_cached=lambda: cache.load(key),
+        store=lambda t: cache.store(key, t),
+        progress=True,
     )
-    return thinner, 1, 0
+    source = "cache" if table.source == "cache" else "profiled"
+    return ObtainedSpsTable(table, source, time.monotonic() - started)

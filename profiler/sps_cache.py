@@ -1,12 +1,13 @@
 """On-disk cache of profiled SPS tables, keyed by everything that changes the timings.
 
-A restart with the same model, dtype, hardware, parallelism, attention backend, KV pool, software versions and probe
-grid reuses the table instead of profiling again. Anything wrong with a cached file (bad JSON, another schema
-version, a key that is not ours, non-positive or non-monotone times) is logged as a WARNING and treated as a miss, so
-the caller simply re-profiles and overwrites it. Writes are atomic (temporary file + ``os.replace``), so a crash or a
-concurrent server never leaves a half-written table behind.
+A restart with the same model, dtype, hardware, parallelism, attention backend, KV pool, software versions, probe
+grid, CUDA-graph mode, ragged verify mode and graph token tiers reuses the table instead of profiling again (an eager
+table must never be reused under graphs, where the cost is a step function of the tier). Anything wrong with a cached
+file (bad JSON, another schema version, a key that is not ours, non-positive or non-monotone times) is logged as a
+WARNING and treated as a miss, so the caller simply re-profiles and overwrites it. Writes are atomic (temporary file
++ ``os.replace``), so a crash or a concurrent server never leaves a half-written table behind.
 
-Folder: ``$SGLANG_DSPARK_CACHE/sps`` (the project-wide cache root, see ``sglang_dspark.default_models``), default
+Folder: ``$SGLANG_DSPARK_CACHE/sps`` (the project-wide cache root, see ``sglang_dspark.embedded.defaults``), default
 ``~/.cache/sglang-dspark/sps``.
 """
 
@@ -21,13 +22,15 @@ import platform
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from sglang_dspark.profiler.sps_table import SpsTable, SpsTableError
+from sglang_dspark import envs
 
 __all__ = [
     "CACHE_ENTRY_KIND",
     "CACHE_SCHEMA_VERSION",
+    "RESERVED_EXTRA",
     "SpsCacheKey",
     "SpsTableCache",
     "default_cache_dir",
@@ -61,7 +64,8 @@ class SpsCacheKey:
     sglang_dspark_version: str
     # Canonical JSON of the probe plan (ProbePlan.to_dict()): a string keeps the key hashable.
     probe_grid: str
-    # Any other setting that changes step times (CUDA graphs on/off, KV dtype, quantisation, ...).
+    # Any other setting that changes step times (KV dtype, quantisation, ...), plus the reserved entries
+    # make_cache_key always writes: cuda_graph, ragged_verify_mode, graph_token_tiers, graph_max_slots.
     extra: tuple[tuple[str, str], ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -124,6 +128,35 @@ def device_name(device: str = "cpu") -> str:
     return str(device)
 
 
+# Written by make_cache_key from its own arguments; callers may not pass them through ``extra``.
+RESERVED_EXTRA = ("cuda_graph", "ragged_verify_mode", "graph_token_tiers", "graph_max_slots")
+
+
+def _graph_entries(
+    grid: Mapping[str, Any],
+    cuda_graph: Optional[bool],
+    verify_mode: Optional[str],
+    token_tiers: Optional[Sequence[int]],
+    max_slots: Optional[int],
+) -> dict[str, str]:
+    """The graph part of the key. Always present ("unspecified" when the caller did not say), so a key made without
+    it can never match a graph-aware one: tables cached before graph mode was part of the key are re-profiled."""
+    grid_tiers, grid_slots = grid.get("token_tiers"), grid.get("max_slots")
+    tiers = None if token_tiers is None else [int(t) for t in token_tiers]
+    if tiers is not None and grid_tiers is not None and tiers != [int(t) for t in grid_tiers]:
+        raise ValueError(f"token_tiers {tiers} differ from the probe grid's {list(grid_tiers)}")
+    tiers = tiers if tiers is not None else grid_tiers
+    slots = max_slots if max_slots is not None else grid_slots
+    if tiers is not None and cuda_graph is False:
+        raise ValueError("graph token tiers were given with cuda_graph=False")
+    return {
+        "cuda_graph": "unspecified" if cuda_graph is None else ("on" if cuda_graph else "off"),
+        "ragged_verify_mode": "unspecified" if verify_mode is None else str(verify_mode),
+        "graph_token_tiers": "none" if tiers is None else ",".join(str(int(t)) for t in tiers),
+        "graph_max_slots": "none" if slots is None else str(int(slots)),
+    }
+
+
 def _installed_version(distribution: str) -> str:
     try:
         return importlib.metadata.version(distribution)
@@ -143,12 +176,23 @@ def make_cache_key(
     extra: Optional[Mapping[str, Any]] = None,
     sglang_version: Optional[str] = None,
     sglang_dspark_version: Optional[str] = None,
+    cuda_graph: Optional[bool] = None,
+    verify_mode: Optional[str] = None,
+    token_tiers: Optional[Sequence[int]] = None,
+    max_slots: Optional[int] = None,
 ) -> SpsCacheKey:
     """Build a key from server settings; fills in the config fingerprint, device name and installed versions.
 
     ``probe_grid``: a ``ProbePlan`` or its ``to_dict()``. ``dtype``: a string or a ``torch.dtype``.
+    ``cuda_graph``: whether target verify forwards replay CUDA graphs; ``verify_mode``: SGLang's ragged verify mode
+    (``static`` / ``compact`` / ...); ``token_tiers`` / ``max_slots``: the graph tiers and largest captured batch
+    (default: the probe grid's, which a tier-aligned ``ProbePlan`` carries).
     """
     grid = probe_grid.to_dict() if hasattr(probe_grid, "to_dict") else dict(probe_grid)
+    clashes = sorted(set(RESERVED_EXTRA) & set(extra or {}))
+    if clashes:
+        raise ValueError(f"extra may not set {clashes}: pass cuda_graph / verify_mode / token_tiers / max_slots")
+    extra = {**(extra or {}), **_graph_entries(grid, cuda_graph, verify_mode, token_tiers, max_slots)}
     local = Path(model_path)
     return SpsCacheKey(
         model_path=str(local.resolve()) if local.exists() else str(model_path),
@@ -161,13 +205,12 @@ def make_cache_key(
         sglang_version=sglang_version or _installed_version("sglang"),
         sglang_dspark_version=sglang_dspark_version or _installed_version("sglang-dspark"),
         probe_grid=_canonical_json(grid),
-        extra=tuple(sorted((str(k), str(v)) for k, v in (extra or {}).items())),
+        extra=tuple(sorted((str(k), str(v)) for k, v in extra.items())),
     )
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("SGLANG_DSPARK_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "sglang-dspark") / "sps"
+    return envs.cache_root() / "sps"
 
 
 class SpsTableCache:

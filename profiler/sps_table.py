@@ -31,6 +31,16 @@ Design (what a reader needs to trust the numbers):
   measured CPU table happens to rise with R at fixed B, but a table that did not would be telling us something.
 * The table keeps the raw (measured or refined) times and derives the enforced ones from them; JSON stores the
   enforced times, so a stored file that is not monotone is corrupt by definition.
+* **CUDA-graph token tiers (optional).** Under SGLang's compact ragged verify with CUDA graphs, a step of ``B``
+  verify tokens replays the graph of tier ``T = round_up(B)`` (the smallest captured tier ``≥ B``, tiers
+  ``bs·(γ+1)`` for the captured batch sizes), padded to ``S = min(T, max_bs)`` request slots. Its cost is a step
+  function of ``T``: the padding tokens are computed too. A table built with ``token_tiers`` therefore looks every
+  ``B`` up at ``round_up(B)``, exactly SGLang's rounding (:func:`round_up_to_tier`), so linear interpolation between
+  tier probes can never invent a saving inside a tier. Steps the graphs do not cover (``R > max_slots`` requests, or
+  ``B`` past the largest tier) run eager in SGLang and are looked up unrounded. The tiers live in the table (and its
+  JSON) rather than in a cost wrapper: they describe what was measured, so a cached table can never be read with
+  another rounding, and every reader (admission, the overhead-adjusted cost, refinement's interpolation cells,
+  /server_info) gets the same rounding without being told.
 
 Not thread-safe: the scheduler that owns a table reads and refines it from one thread.
 """
@@ -43,11 +53,11 @@ import json
 import math
 import operator
 import time
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 
-__all__ = ["SCHEMA_VERSION", "SOURCES", "TABLE_KIND", "SpsTable", "SpsTableError"]
+__all__ = ["SCHEMA_VERSION", "SOURCES", "TABLE_KIND", "SpsTable", "SpsTableError", "round_up_to_tier"]
 
 TABLE_KIND = "sglang-dspark-sps-table"
 SCHEMA_VERSION = 1
@@ -72,6 +82,31 @@ def _as_count(value: Any, what: str) -> int:
         return operator.index(value)
     except TypeError:
         raise TypeError(f"{what} must be an integer, got {value!r}") from None
+
+
+def round_up_to_tier(verify_tokens: int, tiers: Sequence[int]) -> int:
+    """The CUDA-graph token tier SGLang replays for ``verify_tokens``: the smallest tier ``≥ verify_tokens``.
+
+    Same rule, same errors as SGLang's ``round_up_grid`` (``srt/speculative/ragged_verify.py:34-43``), which both the
+    planner (``dspark_planner.py:454-459``) and the graph runner (``decode_cuda_graph_runner.py:1975-1979``, checked
+    at ``:1608-1614``) use: ``tiers`` sorted ascending, ``ValueError`` if empty or if ``verify_tokens`` exceeds the
+    largest tier (SGLang's caller must then run the step without a graph).
+    """
+    if not tiers:
+        raise ValueError("round_up_to_tier requires a non-empty list of tiers")
+    if verify_tokens > tiers[-1]:
+        raise ValueError(f"verify_tokens {verify_tokens} exceeds the largest graph tier {tiers[-1]}")
+    return tiers[bisect.bisect_left(tiers, verify_tokens)]
+
+
+def _check_tiers(token_tiers: Any, max_slots: Any) -> tuple[tuple[int, ...], int]:
+    tiers = tuple(_as_count(t, "token tier") for t in token_tiers)
+    if not tiers or tiers[0] < 1 or any(a >= b for a, b in zip(tiers, tiers[1:])):
+        raise SpsTableError(f"token_tiers must be non-empty, positive and strictly increasing, got {list(tiers)}")
+    slots = _as_count(max_slots, "max_slots")
+    if slots < 1:
+        raise SpsTableError(f"max_slots must be >= 1, got {slots}")
+    return tiers, slots
 
 
 class _Row:
@@ -152,6 +187,10 @@ class SpsTable:
     ``step_seconds[R][B]`` are the measured seconds per step at the probe points. ``steps_per_second`` accepts an
     ``int`` B (returns a float) or a tensor of B of any shape (returns float64 on the tensor's device), so the
     table satisfies ``sglang_dspark.scheduling.cost_model.StepCostModel``.
+
+    ``token_tiers`` / ``max_slots`` (both or neither): the engine's CUDA-graph token tiers and its largest captured
+    batch size. With them every lookup with ``R ≤ max_slots`` and ``B ≤ token_tiers[-1]`` reads ``B`` as
+    ``round_up_to_tier(B)`` (see the module docstring).
     """
 
     def __init__(
@@ -162,6 +201,8 @@ class SpsTable:
         created_at: Optional[float] = None,
         refined_updates: int = 0,
         metadata: Optional[Mapping[str, Any]] = None,
+        token_tiers: Optional[Sequence[int]] = None,
+        max_slots: Optional[int] = None,
     ):
         if source not in SOURCES:
             raise SpsTableError(f"source must be one of {SOURCES}, got {source!r}")
@@ -188,7 +229,24 @@ class SpsTable:
         self.created_at = time.time() if created_at is None else float(created_at)
         self.refined_updates = int(refined_updates)
         self.metadata: dict[str, Any] = dict(metadata or {})
+        if (token_tiers is None) != (max_slots is None):
+            raise SpsTableError("token_tiers and max_slots go together (graph tiers and their largest batch size)")
+        self.token_tiers: Optional[tuple[int, ...]] = None
+        self.max_slots: Optional[int] = None
+        self._tiers_tensor: Optional[torch.Tensor] = None
+        if token_tiers is not None:
+            self.token_tiers, self.max_slots = _check_tiers(token_tiers, max_slots)
+            self._tiers_tensor = torch.tensor(self.token_tiers, dtype=torch.float64)
         self._enforce(set(range(len(rows))))
+
+    def with_graph_tiers(self, token_tiers: Optional[Sequence[int]], max_slots: Optional[int]) -> "SpsTable":
+        """A copy that rounds lookups to these tiers (``None, None``: to none), e.g. for an upstream or eager-profiled
+        table served under CUDA graphs: its curve is then read at the tiers, which is the cost shape graphs have."""
+        data = self.to_dict()
+        data.pop("graph_tiers", None)
+        if token_tiers is not None or max_slots is not None:
+            data["graph_tiers"] = {"token_tiers": list(token_tiers or ()), "max_slots": max_slots}
+        return SpsTable.from_dict(data, source=self.source, strict=False)
 
     # ------------------------------------------------------------------ monotonicity
 
@@ -243,12 +301,34 @@ class SpsTable:
             raise ValueError(f"num_requests must be >= 1, got {r}")
         return r
 
+    def _graph_tokens(self, num_requests: int, verify_tokens: int) -> int:
+        """The B a step really computes: its graph tier when SGLang replays a graph for it, else B itself.
+
+        SGLang replays a graph iff ``R ≤ S(T) = min(T, max_bs)`` and ``T ≤`` the largest tier
+        (``decode_cuda_graph_runner.py:927-935``; the planner drops the layout otherwise,
+        ``dspark_planner.py:761-777``); ``T ≥ B ≥ R`` makes the first condition ``R ≤ max_bs``.
+        """
+        tiers = self.token_tiers
+        if tiers is None or num_requests > self.max_slots or verify_tokens > tiers[-1]:
+            return verify_tokens
+        return round_up_to_tier(verify_tokens, tiers)
+
+    def _graph_tokens_tensor(self, num_requests: int, b: torch.Tensor) -> torch.Tensor:
+        """:meth:`_graph_tokens` element-wise over a float64 CPU tensor (``B`` past the largest tier unchanged)."""
+        tiers = self._tiers_tensor
+        if tiers is None or num_requests > self.max_slots:
+            return b
+        # Tier index = number of tiers < b (bisect_left), by comparison and sum: no bucketize (see _Row).
+        index = (b.unsqueeze(-1) > tiers).sum(dim=-1).clamp_(max=len(self.token_tiers) - 1)
+        return torch.where(b <= tiers[-1], tiers[index], b)
+
     def step_seconds(self, num_requests: int, verify_tokens: int) -> float:
         """Predicted seconds of one verify step of ``num_requests`` requests and ``verify_tokens`` tokens."""
         r = self._check_requests(num_requests)
         b = _as_count(verify_tokens, "verify_tokens")
         if b < r:
             raise ValueError(f"verify_tokens ({b}) must be >= num_requests ({r}): each request verifies its anchor")
+        b = self._graph_tokens(r, b)
         rows, rs = self._rows, self._row_requests
         if r <= rs[0]:
             return rows[0].seconds_at(max(b, rs[0]))
@@ -270,6 +350,7 @@ class SpsTable:
         b = verify_tokens.detach().to(device="cpu", dtype=torch.float64)
         if b.numel() and float(b.min()) < r:
             raise ValueError(f"verify_tokens must be >= num_requests ({r}), got min {float(b.min())}")
+        b = self._graph_tokens_tensor(r, b)
         rows, rs = self._rows, self._row_requests
         if r <= rs[0]:
             out = rows[0].seconds_at_tensor(b.clamp(min=rs[0]))
@@ -336,7 +417,7 @@ class SpsTable:
         Outside the grid the nearest edge cells carry the whole weight (the extrapolation slopes come from them).
         """
         r = self._check_requests(num_requests)
-        b = _as_count(verify_tokens, "verify_tokens")
+        b = self._graph_tokens(r, _as_count(verify_tokens, "verify_tokens"))
         rows, rs = self._rows, self._row_requests
         if r <= rs[0]:
             reads = [(rows[0], max(b, rs[0]), 1.0)]
@@ -376,7 +457,7 @@ class SpsTable:
     # ------------------------------------------------------------------ JSON and reports
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "kind": TABLE_KIND,
             "schema_version": SCHEMA_VERSION,
             "source": self.source,
@@ -392,6 +473,9 @@ class SpsTable:
                 for row in self._rows
             ],
         }
+        if self.token_tiers is not None:  # only when set: a table without tiers keeps its old JSON byte for byte
+            data["graph_tiers"] = {"token_tiers": list(self.token_tiers), "max_slots": self.max_slots}
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -422,12 +506,17 @@ class SpsTable:
             metadata = data.get("metadata") or {}
             if not isinstance(metadata, Mapping):
                 raise SpsTableError("metadata must be an object")
+            graph_tiers = data.get("graph_tiers") or {}
+            if not isinstance(graph_tiers, Mapping):
+                raise SpsTableError("graph_tiers must be an object")
             table = cls(
                 step_seconds,
                 source=source or data.get("source", "profiled"),
                 created_at=float(data["created_at"]),
                 refined_updates=_as_count(data.get("refined_updates", 0), "refined_updates"),
                 metadata=metadata,
+                token_tiers=graph_tiers.get("token_tiers"),
+                max_slots=graph_tiers.get("max_slots"),
             )
         except SpsTableError:
             raise
@@ -474,6 +563,7 @@ class SpsTable:
             "age_seconds": max(0.0, now - self.created_at),
             "refined_updates": self.refined_updates,
             "metadata": self.metadata,
+            "graph_tiers": self.to_dict().get("graph_tiers"),
         }
 
     def __repr__(self) -> str:

@@ -2,6 +2,8 @@
 
     sglang-dspark demo [--keep-serving] [--prompt TEXT]   serve DSPARK on SmolLM2 + our draft, answer one request
     sglang-dspark tiny-pair OUT_DIR                       build the tiny random test pair
+    sglang-dspark explain [--gpu H100] [--device cuda] -- <launch_server args>
+                                                          what a server would do: backend, graphs, verify mode, why
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--force", action="store_true")
     tiny.set_defaults(func=_tiny_pair)
+    from sglang_dspark.engine.explain import add_explain_parser
+
+    add_explain_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "demo" and bool(args.model_path) != bool(args.draft_model_path):
         parser.error("--model-path and --draft-model-path go together")

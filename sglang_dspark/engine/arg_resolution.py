@@ -6,9 +6,11 @@
 3. Use the STS calibration shipped beside the draft (``dspark_sts.json``) when none is given: upstream leaves the
    confidence uncalibrated unless ``--speculative-dspark-confidence-sts-path`` is passed, and nothing should need
    tuning by hand. An explicit path always wins.
-4. With our worker, pick the verify mode our admission policy needs. SGLang builds the draft (and decides whether it has a confidence head) from ``SGLANG_RAGGED_VERIFY_MODE`` in the
-scheduler process, which inherits the launcher's environment. So the choice is made here, where the draft path
-is known, before any scheduler is spawned.
+4. With our worker, pick the verify mode (``engine/verify_mode.py``): compact only where the attention backend runs
+   ragged verify correctly in the mode in use (CUDA graphs or eager), static otherwise, with one log line saying
+   why. SGLang builds the draft (and its confidence head) from ``SGLANG_RAGGED_VERIFY_MODE`` in the scheduler
+   process, which inherits the launcher's environment; the choice is made here, before upstream's own resolution
+   (so its "requires static" checks see it) and before any scheduler is spawned.
 """
 
 from __future__ import annotations
@@ -17,12 +19,9 @@ import logging
 import os
 from pathlib import Path
 
-from sglang_dspark.scheduling.policy import (
-    VERIFY_MODE_ENV,
-    draft_has_confidence_head,
-    read_admission_policy,
-    verify_mode_for,
-)
+from sglang_dspark import envs
+from sglang_dspark.engine.verify_mode import VERIFY_MODE_ENV, decide_verify_mode, facts_from_server_args
+from sglang_dspark.scheduling.policy import draft_has_confidence_head, read_admission_policy
 
 logger = logging.getLogger(__name__)
 DSPARK_ARG_HANDLER = "sglang.srt.arg_groups.speculative_hook._handle_dspark"
@@ -51,6 +50,27 @@ def _default_draft_for_embedded_target(server_args, view) -> None:
         declare_resolution(server_args, "sglang_dspark.engine.arg_resolution", speculative_draft_model_path=str(draft))
 
 
+def _draft_path_known_before_upstream(view):
+    """Explicit draft, or a local ``<target>/dspark/`` folder (upstream's bundled-draft lookup); None: hub/bundled."""
+    if view.speculative_draft_model_path:
+        return str(view.speculative_draft_model_path)
+    model = str(view.model_path or "")
+    bundled = os.path.join(model, "dspark")
+    return bundled if model and os.path.isfile(os.path.join(bundled, "config.json")) else None
+
+
+def _apply_verify_mode(view, draft_path, policy, user_mode):
+    """Decide compact vs static for this engine (backend, graphs, device, TP/DP/PD, draft) and export it: SGLang
+    reads SGLANG_RAGGED_VERIFY_MODE at every call and the scheduler processes inherit the environment."""
+    decision = decide_verify_mode(
+        facts_from_server_args(view, draft_has_confidence_head(draft_path), policy, user_mode)
+    )
+    (logger.warning if decision.downgraded else logger.info)("sglang-dspark: %s", decision.reason)
+    os.environ[VERIFY_MODE_ENV] = decision.verify_mode
+    os.environ[envs.ADMISSION.name] = decision.admission_policy  # the policy in effect (verify-all when static)
+    return decision
+
+
 def handle_dspark(original, server_args):
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 
@@ -59,6 +79,13 @@ def handle_dspark(original, server_args):
 
     view = resolving_view(server_args)  # a live view: it sees declarations made after this line too
     _default_draft_for_embedded_target(server_args, view)
+    ours = not use_upstream_worker()
+    if ours:
+        # Before upstream's resolution, so that its own "requires static" checks see the mode we choose.
+        policy = read_admission_policy()
+        user_mode = os.environ.get(VERIFY_MODE_ENV, "").strip() or None
+        known_draft = _draft_path_known_before_upstream(view)
+        _apply_verify_mode(view, known_draft, policy, user_mode)  # raises on an unsafe forced compact
     if cpu_platform_active():
         from sglang_dspark.patches.cpu_dspark import handle_dspark_allowing_cpu
 
@@ -71,13 +98,6 @@ def handle_dspark(original, server_args):
         logger.info("sglang-dspark: using the draft's STS calibration %s", sts_path)
         declare_resolution(server_args, "sglang_dspark.engine.arg_resolution",
                            speculative_dspark_confidence_sts_path=sts_path)
-    if use_upstream_worker():
-        return result
-
-    mode, warning = verify_mode_for(
-        read_admission_policy(), os.environ.get(VERIFY_MODE_ENV), draft_has_confidence_head(draft_path)
-    )
-    if warning:
-        logger.warning("sglang-dspark: %s", warning)
-    os.environ[VERIFY_MODE_ENV] = mode
+    if ours and draft_path != known_draft:  # upstream filled in a bundled/hub draft: decide again with it
+        _apply_verify_mode(view, draft_path, policy, user_mode)
     return result

@@ -30,14 +30,21 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
 )
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
-from sglang_dspark.scheduling.policy import read_admission_policy
-from sglang_dspark.scheduling.stats import get_admission_stats
+from sglang_dspark.engine.step_record import StepRecord
 from sglang_dspark.profiler.step_overhead import OverheadAdjustedCost, StepOverhead
-from sglang_dspark.scheduling import admit_exact, capacity_from_survival
+from sglang_dspark.scheduling.policy import AdmissionPolicy
+from sglang_dspark.scheduling.stats import get_admission_stats
 
 logger = logging.getLogger(__name__)
 
 UPSTREAM_PLANNER_TARGET = "sglang.srt.speculative.dspark_components.dspark_planner.DSparkVerifyPlanner"
+
+
+class _UnknownCost:
+    """The cost when no SPS table could be had: only verify-all runs then, which needs none."""
+
+    def steps_per_second(self, num_requests, verify_tokens):
+        return float("nan")
 
 
 class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
@@ -45,7 +52,7 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
     ``_two_steps_prior_survival``: confidences two steps back, fresh requests at survival 1) is upstream's."""
 
     cost = None
-    policy = "async"
+    policy: AdmissionPolicy
 
     def compute_budget(self, *, confidence, generation, current_generation, req_pool_indices_cpu) -> int:
         lagged_confidence, lagged_generation = self._shift_to_lag(
@@ -59,12 +66,8 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
         num_requests, gamma = survival.shape
         if self.forced_budget_frac is not None:  # upstream's /update knob keeps working
             budget = max(0, int(float(self.forced_budget_frac) * num_requests * gamma))
-        elif self.policy == "off":
-            budget = 0
-        elif self.policy == "exact":
-            budget = num_requests * gamma  # an upper bound only: exact admits from the current confidences
         else:
-            budget = int(capacity_from_survival(survival, self.cost, num_requests))
+            budget = self.policy.capacity(survival, self.cost, num_requests)
         sps = float(self.cost.steps_per_second(num_requests, num_requests + budget))
         self.last_decision = VerifyBudgetDecision(
             budget=budget, predicted_step_seconds=1.0 / sps if sps > 0 else None
@@ -75,47 +78,68 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
 class AdmissionVerifyPlanner(DSparkVerifyPlanner):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.admission_policy = read_admission_policy()
+        self.policy = AdmissionPolicy.from_env()
         self.sps_table = None
         self.step_overhead = StepOverhead()
         self.step_cost = None  # profiled verify cost + learned step overhead; set by install_sps_table
         self.last_confidence: Optional[torch.Tensor] = None
+        self._stats_error_logged = False
+        self._learn_overhead = False
         stats = get_admission_stats()
         if self._budget_planner is None:
             # Static mode: no confidence head, or the verify-all policy (decided at argument resolution).
             stats.set_policy("verify-all")
             return
-        stats.set_policy(self.admission_policy)
+        stats.set_policy(self.policy.name)
         # The SPS table comes later (install_sps_table): the KV pools and attention backends the profiler times do
         # not exist yet while the worker is being built.
         # Our budget planner is upstream's class plus one method; re-classing the live instance keeps every piece of
         # upstream state (lag ring, carry buffers) instead of rebuilding it from private constructor arguments.
         self._budget_planner.__class__ = AdmissionBudgetPlanner
-        self._budget_planner.policy = self.admission_policy
+        self._budget_planner.policy = self.policy
         # Upstream serves a cached verify-all layout while its table is flat; ours never is.
         self._is_verify_all = False
 
     def install_sps_table(self) -> None:
-        """Profile (or load) the SPS table; called by the worker once pools and backends exist."""
+        """Profile (or load) the SPS table; called by the worker once pools and backends exist.
+
+        Never kills the server: a probe that fails (an engine shape we did not foresee) logs and leaves this run on
+        verify-all, which is upstream's static behaviour. Under TP the failure is raised on every rank at the same
+        forward (tp_consensus), so all ranks fall back together."""
         if self._budget_planner is None:
             return
+        from sglang.srt.runtime_context import get_disagg, get_parallel
+
+        if get_disagg().disaggregation_mode == "prefill":
+            return  # a PD prefill server never runs a verify forward
         from sglang_dspark.profiler.engine_measurer import obtain_sps_table
 
         max_requests = int(dspark_planner.get_schedule().max_running_requests or 48)
-        obtained = obtain_sps_table(
-            model_runner=self.model_runner,
-            gamma=self.gamma,
-            max_requests=max_requests,
-            upstream_table_path=dspark_planner.get_spec().speculative_dspark_sps_table_path,
-        )
+        try:
+            obtained = obtain_sps_table(
+                model_runner=self.model_runner,
+                gamma=self.gamma,
+                max_requests=max_requests,
+                upstream_table_path=dspark_planner.get_spec().speculative_dspark_sps_table_path,
+            )
+        except Exception:
+            logger.exception(
+                "sglang-dspark: SPS profiling failed; this server verifies every draft token (verify-all). "
+                "Pass --speculative-dspark-sps-table-path to skip profiling, or report the traceback."
+            )
+            self._fall_back_to_verify_all()
+            return
         self.sps_table = obtained.table
+        # Under TP each rank computes the budget (and so the graph tier) on its own host from this cost: anything
+        # learned from local step times would make ranks diverge, so the online part stays off there.
+        self._learn_overhead = int(getattr(get_parallel(), "tp_size", 1) or 1) == 1
         self.step_cost = OverheadAdjustedCost(self.sps_table, self.step_overhead)
         self._budget_planner.cost = self.step_cost
         summary = self.sps_table.summary()
         get_admission_stats().set_sps_summary(summary)
         logger.info(
             "sglang-dspark admission: policy=%s, SPS table from %s in %.2f s (%d probes, SPS %.1f..%.1f steps/s)",
-            self.admission_policy,
+            self.policy.name,
             obtained.source,
             obtained.seconds,
             summary.get("num_probes", 0),
@@ -123,14 +147,42 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             summary.get("max_steps_per_second", float("nan")),
         )
 
+    def _fall_back_to_verify_all(self) -> None:
+        self.policy = AdmissionPolicy("verify-all")
+        self._budget_planner.policy = self.policy
+        self._budget_planner.cost = _UnknownCost()
+        get_admission_stats().set_policy("verify-all")
+
+    def observe_step(self, record: StepRecord) -> None:
+        """A finished decode step, already on the host (the worker's StepRecorder never syncs the device):
+        teach the cost model the step's non-verify time and hand the admission record to observability."""
+        num_requests = len(record.commit_lens)
+        if self.sps_table is not None and record.seconds is not None and self._learn_overhead:
+            verify_seconds = self.sps_table.step_seconds(num_requests, sum(record.verify_lens))
+            self.step_overhead.observe(num_requests, record.seconds, verify_seconds)
+        survival = record.confidence.cumprod(dim=1) if record.confidence is not None else None
+        try:
+            get_admission_stats().record_step(
+                verify_lens=record.verify_lens,
+                accepted_drafts=[max(0, n - 1) for n in record.commit_lens],
+                survival=survival,
+                step_seconds=record.seconds,
+            )
+        except ValueError as exc:  # observability must never take a decode step down
+            if not self._stats_error_logged:
+                self._stats_error_logged = True
+                logger.warning("sglang-dspark: admission stats skipped a step (%s)", exc)
+
     def schedule_layout(self, **kwargs):
         layout = super().schedule_layout(**kwargs)
         # A window that verifies every draft token of every request is the uniform verify: hand it to upstream's
         # non-compact path (layout None, as upstream does past its captured grid), which skips the ragged packing and
         # the compact-to-strided scatter. On the CPU that is ~6 % of a tiny-model step. The decision is the admission
-        # already made, so this changes no token.
+        # already made, so this changes no token. Not under ragged CUDA graphs: there a target verify without a
+        # layout cannot replay a graph and would run eager.
         if (
             layout is not None
+            and dspark_planner.ragged_capture_num_tokens(model_runner=self.model_runner) is None
             and layout.verify_lens_cpu is not None
             and min(layout.verify_lens_cpu) == self.verify_num_draft_tokens
         ):
@@ -138,16 +190,14 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         return layout
 
     def _schedule_verify_lens(self, *, req_pool_indices, prefix_lens, device, confidence, budget):
-        if self.admission_policy == "off" and self._budget_planner is not None:
-            # Anchor only, also on steps where upstream would fall back to verify-all (no lagged budget yet).
-            verify_lens = torch.ones(int(req_pool_indices.shape[0]), dtype=torch.int32, device=device)
-        elif self.admission_policy == "exact" and confidence is not None and self._budget_planner is not None:
-            # Algorithm 1 with its first-non-improvement stop, on this step's confidences. It needs them on the host,
-            # so it synchronises; that is the price of the exact policy (async is the zero-sync default).
-            lengths = admit_exact(confidence.detach().to("cpu", torch.float64), self.step_cost)
-            verify_lens = (lengths + 1).to(device=device, dtype=torch.int32)
-            self._tp_sync.sync(SpecTpSyncSite.DSPARK_PLAN, verify_lens)
-        else:
+        verify_lens = None
+        if self._budget_planner is not None:
+            verify_lens = self.policy.verify_lengths(
+                confidence, int(req_pool_indices.shape[0]), self.step_cost, device
+            )
+            if verify_lens is not None and self.policy.name == "exact":
+                self._tp_sync.sync(SpecTpSyncSite.DSPARK_PLAN, verify_lens)
+        if verify_lens is None:
             verify_lens = super()._schedule_verify_lens(
                 req_pool_indices=req_pool_indices,
                 prefix_lens=prefix_lens,

@@ -19,13 +19,62 @@ import json
 from pathlib import Path
 from typing import Optional
 
+import torch
+
 from sglang_dspark import envs
+from sglang_dspark.scheduling.admission import ADMISSION_POLICIES, admit_exact, capacity_from_survival
+from sglang_dspark.scheduling.cost_model import StepCostModel
 
 VERIFY_MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
 
 
 def read_admission_policy() -> str:
     return envs.ADMISSION.get()
+
+
+class AdmissionPolicy:
+    """The one place a policy name turns into decisions; built once per planner (and by the tests).
+
+    A step decides in two stages (SGLang's planner calls both): ``capacity`` before the draft, on the host, from
+    survivals two steps back (the budget K); then ``verify_lengths`` after the draft, from this step's confidences.
+    ``None`` from ``verify_lengths`` means "upstream's device top-K of the current confidences", which is exactly
+    :func:`~sglang_dspark.scheduling.admit_topk` (pinned by tests/unit/test_topk_contract.py).
+    """
+
+    def __init__(self, name: str) -> None:
+        if name not in ADMISSION_POLICIES:
+            raise ValueError(f"unknown admission policy {name!r}; choose one of {', '.join(ADMISSION_POLICIES)}")
+        self.name = name
+
+    @classmethod
+    def from_env(cls) -> "AdmissionPolicy":
+        return cls(read_admission_policy())
+
+    @property
+    def schedules_per_request(self) -> bool:
+        """False for verify-all: it runs upstream's static mode, no per-request scheduling at all."""
+        return self.name != "verify-all"
+
+    def capacity(self, lagged_survival: torch.Tensor, cost: StepCostModel, num_requests: int) -> int:
+        """The budget K (draft tokens verified this step, all requests together)."""
+        gamma = lagged_survival.shape[-1]
+        if self.name == "off":
+            return 0
+        if self.name in ("exact", "verify-all"):
+            return num_requests * gamma  # exact: an upper bound only, it admits from the current confidences
+        return int(capacity_from_survival(lagged_survival, cost, num_requests))
+
+    def verify_lengths(self, confidence: Optional[torch.Tensor], num_requests: int, cost: StepCostModel,
+                       device) -> Optional[torch.Tensor]:
+        """Per-request verify lengths (anchor included, int32 on ``device``), or None for upstream's top-K."""
+        if self.name == "off":
+            # Anchor only, also on steps where upstream would verify everything (no lagged budget yet).
+            return torch.ones(num_requests, dtype=torch.int32, device=device)
+        if self.name == "exact" and confidence is not None:
+            # Algorithm 1 with its stop on this step's confidences: they must reach the host, so this syncs.
+            lengths = admit_exact(confidence.detach().to("cpu", torch.float64), cost)
+            return (lengths + 1).to(device=device, dtype=torch.int32)
+        return None
 
 
 def draft_has_confidence_head(draft_path: Optional[str]) -> bool:

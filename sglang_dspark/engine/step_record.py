@@ -1,0 +1,118 @@
+"""What a decode step tells the planner afterwards (lengths, confidences, step time), without a host sync.
+
+On a GPU the overlap scheduler launches step i+1 while step i still runs on the device; a ``.tolist()`` on step i's
+results would make the host wait for the whole step and serialise the two. So the step's small tensors are copied
+into pinned host buffers with ``non_blocking=True`` and an event is recorded after them; the record is read on a
+later step, once ``event.query()`` says the copies landed (never ``synchronize``). Step time on a GPU comes from two
+device events around the step, read the same way. On the CPU the device is the host: tensors are read at once and
+the host wall time is the step time.
+
+A record whose copies are not done after ``max_pending`` later steps is dropped (counted): observability and the
+learned overhead may skip a step; the decode step never waits for them.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+
+@dataclass
+class StepRecord:
+    """One decode step, on the host: per-request verify lengths (anchor included), committed lengths, the
+    draft confidences the planner scheduled from ([R, γ], or None) and the step's seconds (or None)."""
+
+    verify_lens: list[int]
+    commit_lens: list[int]
+    confidence: Optional[torch.Tensor]
+    seconds: Optional[float]
+
+
+def pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """Enqueue a device→host copy into pinned memory (the host allocator caches pinned blocks); returns at once."""
+    buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    buffer.copy_(tensor, non_blocking=True)
+    return buffer
+
+
+def recorded_device_event(timing: bool = False):
+    event = torch.cuda.Event(enable_timing=timing)
+    event.record()
+    return event
+
+
+class _PendingCopy:
+    """Non-blocking device→pinned-host copies of one step plus the events that say when they (and the step) ended."""
+
+    def __init__(self, tensors: dict, started_event, ended_event, default_verify_len: int, copy_to_host,
+                 make_event) -> None:
+        self.host = {name: (copy_to_host(t) if t is not None else None) for name, t in tensors.items()}
+        self.copied = make_event(False)
+        self.started_event = started_event
+        self.ended_event = ended_event
+        self.default_verify_len = default_verify_len
+
+    def ready(self) -> bool:
+        return self.copied.query()
+
+    def to_record(self) -> StepRecord:
+        seconds = None
+        if self.started_event is not None and self.ended_event.query():
+            seconds = self.started_event.elapsed_time(self.ended_event) / 1e3
+        return _record_from_host(self.host, seconds, self.default_verify_len)
+
+
+def _record_from_host(host: dict, seconds: Optional[float], default_verify_len: int) -> StepRecord:
+    commit_lens = host["accept_lens"].tolist()
+    cap_lens = host.get("cap_lens")
+    verify_lens = cap_lens.tolist() if cap_lens is not None else [default_verify_len] * len(commit_lens)
+    confidence = host.get("confidence")
+    if confidence is not None:
+        confidence = confidence.float()
+    return StepRecord(verify_lens=verify_lens, commit_lens=commit_lens, confidence=confidence, seconds=seconds)
+
+
+class StepRecorder:
+    """``start()`` before a decode step, ``finish(...)`` after it; returns the records that are ready now."""
+
+    def __init__(self, device, *, max_pending: int = 4, clock: Callable[[], float] = time.perf_counter,
+                 copy_to_host=pinned_copy, make_event=recorded_device_event) -> None:
+        self.on_host = torch.device(device).type == "cpu"
+        self._copy_to_host = copy_to_host
+        self._make_event = make_event
+        self.max_pending = max_pending
+        self.dropped = 0
+        self._clock = clock
+        self._pending: collections.deque[_PendingCopy] = collections.deque()
+        self._started: object = None
+
+    def start(self) -> None:
+        if self.on_host:
+            self._started = self._clock()
+        else:
+            self._started = self._make_event(True)
+
+    def finish(self, *, accept_lens, cap_lens, confidence, default_verify_len: int) -> list[StepRecord]:
+        tensors = {"accept_lens": accept_lens, "cap_lens": cap_lens, "confidence": confidence}
+        if confidence is not None and confidence.shape[0] != accept_lens.shape[0]:
+            tensors["confidence"] = None  # scheduled for another batch (composition changed): not this step's
+        if self.on_host:
+            seconds = self._clock() - self._started
+            host = {k: (v.detach() if v is not None else None) for k, v in tensors.items()}
+            return [_record_from_host(host, seconds, default_verify_len)]
+        ended = self._make_event(True)
+        self._pending.append(
+            _PendingCopy({k: (v.detach() if v is not None else None) for k, v in tensors.items()},
+                         self._started, ended, default_verify_len, self._copy_to_host, self._make_event)
+        )
+        ready = []
+        while self._pending and self._pending[0].ready():
+            ready.append(self._pending.popleft().to_record())
+        while len(self._pending) > self.max_pending:
+            self._pending.popleft()
+            self.dropped += 1
+        return ready

@@ -1,0 +1,516 @@
+"""Verify-mode decision (issue #9 "do no harm on a GPU") and ``sglang-dspark explain``, all on the CPU.
+
+The decision table pins one expected mode per configuration; the property test re-states, independently of the
+module's own table, which (backend, mode, GPU) combinations run compact verify correctly in SGLang 0.5.23, and checks
+that no combination of facts ever yields compact outside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_dspark.engine.verify_mode import (
+    ADMISSION_POLICIES,
+    COMPACT,
+    STATIC,
+    EngineFacts,
+    compact_capable_backends,
+    decide_verify_mode,
+    decode_graph_backend,
+    facts_from_server_args,
+    verify_attention_backend,
+)
+
+# Ground truth, written out by hand from SGLang 0.5.23 (see the module docstring of engine/verify_mode.py):
+# backends whose TARGET_VERIFY runs a compact layout correctly, per mode, for MHA targets on CUDA.
+GRAPH_SAFE_MHA = {"fa3", "fa4", "trtllm_mha"}
+EAGER_SAFE_MHA = {"fa3", "fa4", "trtllm_mha", "flashinfer"}
+NEEDS_SM10X = {"trtllm_mha"}
+ALL_BACKENDS = ["fa3", "fa4", "trtllm_mha", "flashinfer", "triton", "torch_native", "intel_amx", "aiter",
+                "flex_attention", "hpc_ops", "wave", "ascend", "intel_xpu", "flashmla", "trtllm_mla", None]
+
+
+def gpu_facts(backend, sm, *, graph=True, **kw) -> EngineFacts:
+    """A plain single-GPU launch with a confidence-head draft and profiling that cannot crash (isolates the backend)."""
+    base = dict(device="cuda", attention_backend=backend, cuda_graph=graph, policy="async", has_confidence_head=True,
+                gpu_sm=sm, sps_probes_tier_aligned=True, sps_profile_rank_consistent=True)
+    base.update(kw)
+    return EngineFacts(**base)
+
+
+H100, A100, L40S, B200, RTX5090 = 90, 80, 89, 100, 120
+
+DECISION_TABLE = [
+    # id, facts, expected mode, expected admission policy, substring of the reason
+    ("fa3-h100-graphs", gpu_facts("fa3", H100), COMPACT, "async", "fa3"),
+    ("fa3-h100-eager", gpu_facts("fa3", H100, graph=False), COMPACT, "async", "1036-1056"),
+    ("fa3-exact-policy", gpu_facts("fa3", H100, policy="exact"), COMPACT, "exact", "exact"),
+    ("fa3-off-policy", gpu_facts("fa3", H100, policy="off"), COMPACT, "off", "off"),
+    ("fa4-b200-graphs", gpu_facts("fa4", B200), COMPACT, "async", "fa4"),
+    ("trtllm-b200-graphs", gpu_facts("trtllm_mha", B200), COMPACT, "async", "trtllm_mha"),
+    ("trtllm-b300-graphs", gpu_facts("trtllm_mha", 103), COMPACT, "async", "trtllm_mha"),
+    ("trtllm-h100-xqa", gpu_facts("trtllm_mha", H100), STATIC, "verify-all", "sm90"),
+    ("trtllm-sm120-xqa", gpu_facts("trtllm_mha", RTX5090), STATIC, "verify-all", "sm120"),
+    ("trtllm-sm120-xqa-eager", gpu_facts("trtllm_mha", RTX5090, graph=False), STATIC, "verify-all", "trtllm-gen"),
+    ("trtllm-unknown-gpu", gpu_facts("trtllm_mha", None), STATIC, "verify-all", "unknown GPU"),
+    ("flashinfer-a100-graphs", gpu_facts("flashinfer", A100), STATIC, "verify-all", "flashinfer_backend.py:754-762"),
+    ("flashinfer-l40s-graphs", gpu_facts("flashinfer", L40S), STATIC, "verify-all", "--cuda-graph-backend-decode"),
+    ("flashinfer-b200-graphs", gpu_facts("flashinfer", B200), STATIC, "verify-all", "NotImplementedError"),
+    ("flashinfer-a100-eager", gpu_facts("flashinfer", A100, graph=False), COMPACT, "async", "dflash_info.py"),
+    ("triton-graphs", gpu_facts("triton", A100), STATIC, "verify-all", "triton"),
+    ("triton-eager", gpu_facts("triton", A100, graph=False), STATIC, "verify-all", "1007-1016"),
+    ("aiter-eager", gpu_facts("aiter", None, graph=False), STATIC, "verify-all", "aiter"),
+    ("tp2-fa3-per-rank-tables", gpu_facts("fa3", H100, tp_size=2, sps_profile_rank_consistent=False), STATIC,
+     "verify-all", "--tp-size 2"),
+    ("tp2-fa3-table-file", gpu_facts("fa3", H100, tp_size=2, sps_profile_rank_consistent=False,
+                                     sps_table_from_file=True), COMPACT, "async", "fa3"),
+    ("tp2-fa3-consistent-profiler", gpu_facts("fa3", H100, tp_size=2), COMPACT, "async", "fa3"),
+    ("tp2-flashinfer-graphs", gpu_facts("flashinfer", A100, tp_size=2), STATIC, "verify-all", "flashinfer"),
+    ("graphs-profiler-not-tier-aligned", gpu_facts("fa3", H100, sps_probes_tier_aligned=False), STATIC, "verify-all",
+     "tier mismatch"),
+    ("graphs-profiler-table-file", gpu_facts("fa3", H100, sps_probes_tier_aligned=False, sps_table_from_file=True),
+     COMPACT, "async", "fa3"),
+    ("eager-profiler-not-tier-aligned", gpu_facts("fa3", H100, graph=False, sps_probes_tier_aligned=False), COMPACT,
+     "async", "fa3"),
+    ("pd-prefill", gpu_facts("fa3", H100, pd_mode="prefill", cuda_graph=False), STATIC, "verify-all", "prefill"),
+    ("pd-decode-fa3", gpu_facts("fa3", H100, pd_mode="decode"), COMPACT, "async", "fa3"),
+    ("pd-decode-dsv4", gpu_facts("fa3", H100, pd_mode="decode", is_deepseek_v4=True), STATIC, "verify-all",
+     "DeepSeek-V4.1"),
+    ("no-confidence-head", gpu_facts("fa3", H100, has_confidence_head=False), STATIC, "verify-all",
+     "confidence head"),
+    ("verify-all-policy", gpu_facts("fa3", H100, policy="verify-all"), STATIC, "verify-all", "verify-all"),
+    ("user-static", gpu_facts("fa3", H100, user_mode="static"), STATIC, "verify-all", "set by the user"),
+    ("user-compact-safe", gpu_facts("fa3", H100, user_mode="compact"), COMPACT, "async", "set by the user"),
+    ("user-compact-verify-all-policy", gpu_facts("fa3", H100, user_mode="compact", policy="verify-all"), COMPACT,
+     "verify-all", "set by the user"),
+    ("user-compact-eager-flashinfer", gpu_facts("flashinfer", A100, graph=False, user_mode="compact"), COMPACT,
+     "async", "flashinfer"),
+    ("dp-attention-a2a-moe", gpu_facts("fa3", H100, tp_size=4, attn_dp_size=4, moe_a2a_backend="deepep"), STATIC,
+     "verify-all", "speculative_hook.py:683-696"),
+    ("dp-attention-prefill-coordination", gpu_facts("fa3", H100, tp_size=4, attn_dp_size=4,
+                                                    dp_spec_prefill_coordination=True), STATIC, "verify-all",
+     "coordination"),
+    ("dp-attention-plain", gpu_facts("fa3", H100, tp_size=4, attn_dp_size=4), COMPACT, "async", "fa3"),
+    ("dcp", gpu_facts("fa3", H100, dcp_size=2), STATIC, "verify-all", "dcp"),
+    ("tbo-graphs", gpu_facts("fa3", H100, enable_two_batch_overlap=True), STATIC, "verify-all", "two-batch-overlap"),
+    ("lora-graphs", gpu_facts("fa3", H100, lora_enabled=True), STATIC, "verify-all", "LoRA"),
+    ("lora-eager", gpu_facts("fa3", H100, graph=False, lora_enabled=True), COMPACT, "async", "fa3"),
+    ("no-padding-graphs", gpu_facts("fa3", H100, disable_cuda_graph_padding=True), STATIC, "verify-all",
+     "--disable-cuda-graph-padding"),
+    ("hybrid-linear", gpu_facts("fa3", H100, hybrid_linear=True), STATIC, "verify-all", "hybrid"),
+    ("replayssm", gpu_facts("fa3", H100, enable_linear_replayssm_spec=True), STATIC, "verify-all", "replayssm"),
+    ("model-gate", gpu_facts("fa3", B200, model_requires_static="MiniMax-M3.1 NVFP4 DSPARK requires static"), STATIC,
+     "verify-all", "MiniMax"),
+    ("mla-flashinfer-graphs", gpu_facts("flashinfer", B200, use_mla=True), COMPACT, "async", "FlashInferMLA"),
+    ("mla-trtllm-mla-graphs", gpu_facts("trtllm_mla", B200, use_mla=True), COMPACT, "async", "trtllm_mla"),
+    ("mla-triton", gpu_facts("triton", A100, use_mla=True), STATIC, "verify-all", "triton"),
+    ("cpu-intel-amx-eager", EngineFacts("cpu", "intel_amx", False, "async", True), COMPACT, "async", "B8"),
+    ("cpu-intel-amx-torch-compile", EngineFacts("cpu", "intel_amx", True, "async", True), STATIC, "verify-all",
+     "--enable-torch-compile"),
+    ("cpu-torch-native", EngineFacts("cpu", "torch_native", False, "async", True), STATIC, "verify-all",
+     "intel_amx"),
+    ("intel-amx-on-cuda", gpu_facts("intel_amx", H100, graph=False), STATIC, "verify-all", "intel_amx"),
+    ("npu", EngineFacts("npu", "ascend", True, "async", True), STATIC, "verify-all", "npu"),
+    ("xpu", EngineFacts("xpu", "intel_xpu", False, "async", True), STATIC, "verify-all", "xpu"),
+]
+
+
+@pytest.mark.parametrize("facts,mode,policy,needle", [row[1:] for row in DECISION_TABLE],
+                         ids=[row[0] for row in DECISION_TABLE])
+def test_decision_table(facts, mode, policy, needle):
+    decision = decide_verify_mode(facts)
+    assert decision.verify_mode == mode
+    assert decision.admission_policy == policy
+    assert needle.lower() in decision.reason.lower(), decision.reason
+    assert decision.reason.endswith(".")
+    if mode == STATIC:
+        assert decision.admission_policy == "verify-all"
+
+
+def test_downgrade_flag_and_blockers():
+    wanted = decide_verify_mode(gpu_facts("flashinfer", A100, has_confidence_head=False))
+    assert wanted.downgraded is True
+    assert len(wanted.blockers) == 2  # no head, flashinfer graphs: both named, the first is the reason
+    assert "confidence head" in wanted.reason and "flashinfer" in wanted.blockers[1]
+    asked = decide_verify_mode(gpu_facts("flashinfer", A100, policy="verify-all"))
+    assert asked.downgraded is False and asked.blockers == ()
+    assert decide_verify_mode(gpu_facts("fa3", H100)).downgraded is False
+
+
+@pytest.mark.parametrize("facts,needles", [
+    (gpu_facts("flashinfer", A100, user_mode="compact"), ["flashinfer", "SGLANG_RAGGED_VERIFY_MODE", "Unset"]),
+    (gpu_facts("flashinfer", L40S, user_mode="cap-accept"), ["flashinfer", "cap-accept"]),
+    (gpu_facts("triton", A100, graph=False, user_mode="compact"), ["triton", "1007-1016"]),
+    (gpu_facts("trtllm_mha", H100, user_mode="compact"), ["trtllm_mha", "sm90"]),
+    (gpu_facts("fa3", H100, user_mode="compact", has_confidence_head=False), ["confidence head"]),
+    (gpu_facts("fa3", H100, user_mode="compact", pd_mode="decode", is_deepseek_v4=True), ["DeepSeek-V4.1"]),
+    (gpu_facts("fa3", H100, user_mode="compact", tp_size=2, sps_profile_rank_consistent=False),
+     ["--speculative-dspark-sps-table-path"]),
+])
+def test_user_forced_compact_on_unsafe_configuration_is_refused(facts, needles):
+    with pytest.raises(ValueError) as info:
+        decide_verify_mode(facts)
+    for needle in needles:
+        assert needle in str(info.value)
+
+
+def test_invalid_values_are_refused():
+    with pytest.raises(ValueError, match="not a verify mode"):
+        decide_verify_mode(gpu_facts("fa3", H100, user_mode="fast"))
+    with pytest.raises(ValueError, match="admission policy"):
+        decide_verify_mode(gpu_facts("fa3", H100, policy="greedy"))
+    # empty / whitespace user value means "not set"
+    assert decide_verify_mode(gpu_facts("fa3", H100, user_mode=" ")).verify_mode == COMPACT
+
+
+def test_policies_match_the_scheduler():
+    from sglang_dspark.scheduling import ADMISSION_POLICIES as SCHEDULER_POLICIES
+
+    assert set(ADMISSION_POLICIES) == set(SCHEDULER_POLICIES)
+
+
+def test_capable_backend_sets():
+    assert compact_capable_backends(cuda_graph=True) == {"fa3", "fa4", "trtllm_mha"}
+    assert compact_capable_backends(cuda_graph=False) == {"fa3", "fa4", "trtllm_mha", "flashinfer"}
+    assert compact_capable_backends(cuda_graph=False, device="cpu") == {"intel_amx"}
+    assert compact_capable_backends(cuda_graph=True, device="cpu") == set()
+    assert compact_capable_backends(cuda_graph=False, device="npu") == set()
+    assert compact_capable_backends(cuda_graph=True, use_mla=True) == {"fa3", "flashinfer", "trtllm_mla",
+                                                                       "cutedsl_mla"}
+
+
+def _truly_safe(f: EngineFacts) -> bool:
+    """Independent statement of where compact runs correctly (backend x mode x device x GPU)."""
+    if f.device == "cpu":
+        return f.attention_backend == "intel_amx" and not f.cuda_graph
+    if f.device != "cuda" or f.use_mla:
+        return False
+    safe = GRAPH_SAFE_MHA if f.cuda_graph else EAGER_SAFE_MHA
+    if f.attention_backend not in safe:
+        return False
+    if f.attention_backend in NEEDS_SM10X:
+        return f.gpu_sm is not None and f.gpu_sm // 10 == 10
+    return True
+
+
+facts_strategy = st.builds(
+    EngineFacts,
+    device=st.sampled_from(["cuda", "cpu", "npu", "xpu", "mps"]),
+    attention_backend=st.sampled_from(ALL_BACKENDS),
+    cuda_graph=st.booleans(),
+    policy=st.sampled_from(ADMISSION_POLICIES),
+    has_confidence_head=st.booleans(),
+    user_mode=st.sampled_from([None, "static", "compact", "cap-accept"]),
+    tp_size=st.sampled_from([1, 2, 8]),
+    pd_mode=st.sampled_from(["null", "prefill", "decode"]),
+    gpu_sm=st.sampled_from([None, 80, 86, 89, 90, 100, 103, 120]),
+    enable_two_batch_overlap=st.booleans(),
+    sps_table_from_file=st.booleans(),
+    sps_probes_tier_aligned=st.booleans(),
+    sps_profile_rank_consistent=st.booleans(),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(facts_strategy)
+def test_no_combination_yields_compact_where_the_backend_cannot_run_it(facts):
+    try:
+        decision = decide_verify_mode(facts)
+    except ValueError:
+        assert facts.user_mode in ("compact", "cap-accept")  # only a forced non-static mode is ever refused
+        return
+    if decision.verify_mode != STATIC:
+        assert _truly_safe(facts), (facts, decision)
+        assert facts.has_confidence_head
+        assert facts.pd_mode != "prefill"
+        if facts.cuda_graph and facts.device == "cuda":
+            assert not facts.enable_two_batch_overlap
+            assert facts.sps_table_from_file or facts.sps_probes_tier_aligned
+        if facts.tp_size > 1:
+            assert facts.sps_table_from_file or facts.sps_profile_rank_consistent
+    else:
+        assert decision.admission_policy == "verify-all"
+    if facts.user_mode == "static":
+        assert decision.verify_mode == STATIC
+
+
+@settings(max_examples=300, deadline=None)
+@given(facts_strategy)
+def test_forced_compact_never_passes_unsafe(facts):
+    forced = dataclasses.replace(facts, user_mode="compact")
+    try:
+        decision = decide_verify_mode(forced)
+    except ValueError as exc:
+        assert "SGLANG_RAGGED_VERIFY_MODE=compact" in str(exc)
+        return
+    assert decision.verify_mode == COMPACT and _truly_safe(forced)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The table against SGLang's source (catches drift if the pinned SGLang ever changes)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _sglang_attention_dir() -> Path:
+    spec = importlib.util.find_spec("sglang")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(list(spec.submodule_search_locations)[0]) / "srt" / "layers" / "attention"
+
+
+def test_graph_flag_matches_sglang_source():
+    root = _sglang_attention_dir()
+    flagged = {path.name for path in root.rglob("*.py")
+               if "supports_ragged_verify_graph: bool = True" in path.read_text()}
+    assert {"flashattention_backend.py", "trtllm_mha_backend.py", "flashinfer_mla_backend.py",
+            "trtllm_mla_backend.py"} <= flagged
+    assert "flashinfer_backend.py" not in flagged and "triton_backend.py" not in flagged
+    flashinfer = (root / "flashinfer_backend.py").read_text()
+    assert "FlashInfer does not support ragged verify in cuda graph" in flashinfer
+    assert "ragged_verify_layout" not in (root / "triton_backend.py").read_text()
+    trtllm = (root / "trtllm_mha_backend.py").read_text()
+    assert "self.is_xqa_impl = get_platform().is_sm90 or get_platform().is_sm120" in trtllm
+    assert "def _assert_ragged_verify_supported" in trtllm
+
+
+def test_verify_mode_module_imports_no_sglang():
+    code = ("import sys, sglang_dspark.engine.verify_mode, sglang_dspark.engine.explain; "
+            "print('sglang' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading SGLang's resolved arguments
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _view(**kw):
+    base = dict(device="cuda", attention_backend="fa3", prefill_attention_backend=None, decode_attention_backend=None,
+                speculative_attention_mode="prefill", cuda_graph_config=None, tp_size=1, dp_size=1, attn_dp_size=1,
+                enable_dp_attention=False, disaggregation_mode="null", moe_a2a_backend="none", dcp_size=1,
+                enable_two_batch_overlap=False, enable_lora=None, lora_paths=None, disable_cuda_graph_padding=False,
+                enable_linear_replayssm_spec=False, speculative_dspark_sps_table_path=None,
+                enable_torch_compile=False)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def _facts(view, **kw):
+    return facts_from_server_args(view, True, "async", None, hf_config={}, use_mla=False, gpu_sm=90, **kw)
+
+
+def test_facts_from_a_resolved_view():
+    resolved_graphs = types.SimpleNamespace(decode=types.SimpleNamespace(backend="disabled"))
+    facts = _facts(_view(cuda_graph_config=resolved_graphs, tp_size=2))
+    assert (facts.device, facts.attention_backend, facts.cuda_graph, facts.tp_size) == ("cuda", "fa3", False, 2)
+    assert _facts(_view(cuda_graph_config=types.SimpleNamespace(
+        decode=types.SimpleNamespace(backend="breakable")))).cuda_graph is True
+    # split backends: TARGET_VERIFY runs on the prefill backend unless --speculative-attention-mode decode
+    split = dict(prefill_attention_backend="fa3", decode_attention_backend="flashinfer")
+    assert _facts(_view(**split)).attention_backend == "fa3"
+    assert _facts(_view(speculative_attention_mode="decode", **split)).attention_backend == "flashinfer"
+    assert _facts(_view(enable_dp_attention=True, dp_size=4, tp_size=4)).attn_dp_size == 4
+    assert _facts(_view(lora_paths=["a"])).lora_enabled is True
+    assert _facts(_view(disaggregation_mode="prefill")).cuda_graph is False
+    assert _facts(_view(attention_backend="torch_native")).cuda_graph is False
+    assert _facts(_view(speculative_dspark_sps_table_path="/t.json")).sps_table_from_file is True
+    cpu = _facts(_view(device="cpu", attention_backend="intel_amx", enable_torch_compile=False))
+    assert (cpu.device, cpu.cuda_graph) == ("cpu", False)
+    assert decide_verify_mode(cpu).verify_mode == COMPACT
+    assert _facts(_view(device="cpu", attention_backend="intel_amx", enable_torch_compile=True)).cuda_graph is True
+    hybrid = facts_from_server_args(_view(), True, "async", None, hf_config={"layer_types": ["linear_attention"]},
+                                    use_mla=False, gpu_sm=90)
+    assert hybrid.hybrid_linear is True
+
+
+def test_decode_graph_backend_precedence_on_a_raw_record():
+    raw = types.SimpleNamespace(cuda_graph_config=None, disable_cuda_graph=False, disable_decode_cuda_graph=False,
+                                cuda_graph_backend_decode=None)
+    assert decode_graph_backend(raw) == "full"
+    raw.disable_cuda_graph = True
+    assert decode_graph_backend(raw) == "disabled"
+    raw.cuda_graph_backend_decode = "breakable"  # per-phase flag beats the legacy switch
+    assert decode_graph_backend(raw) == "breakable"
+    raw.cuda_graph_config = {"decode": {"backend": "disabled"}}  # JSON beats everything
+    assert decode_graph_backend(raw) == "disabled"
+    assert verify_attention_backend(types.SimpleNamespace(attention_backend="triton", prefill_attention_backend=None,
+                                                          decode_attention_backend=None,
+                                                          speculative_attention_mode="prefill")) == "triton"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# explain: simulated GPUs, SGLang's own parser, no model on disk
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def draft(tmp_path):
+    def make(block_size=7, head=True, name="draft"):
+        folder = tmp_path / f"{name}-{block_size}-{int(head)}"
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({"block_size": block_size, "enable_confidence_head": head}))
+        return str(folder)
+    return make
+
+
+@pytest.fixture()
+def clean_env(monkeypatch):
+    monkeypatch.delenv("SGLANG_RAGGED_VERIFY_MODE", raising=False)
+    monkeypatch.delenv("SGLANG_DSPARK_ADMISSION", raising=False)
+
+
+def _argv(draft_path, *extra):
+    return ["--model-path", "/nonexistent/target", "--speculative-algorithm", "DSPARK",
+            "--speculative-draft-model-path", draft_path, *extra]
+
+
+H100_CAPTURE = list(range(1, 9)) + list(range(10, 33, 2)) + [40, 44, 48]
+
+
+@pytest.mark.parametrize("gpu", ["A100", "L40S", "B200"])
+def test_explain_default_launch_on_flashinfer_gpus_is_static(gpu, draft, clean_env):
+    from sglang_dspark.engine.explain import OUTPUT_KEYS, explain
+
+    result = explain(_argv(draft()), None, gpu)
+    assert tuple(result) == OUTPUT_KEYS
+    assert json.loads(json.dumps(result)) == result
+    assert result["attention_backend"] == "flashinfer"
+    assert result["cuda_graph"] is True
+    assert result["gamma"] == 7
+    # FlashInfer raises at CUDA-graph capture on a ragged verify layout: upstream's static mode, nothing profiled.
+    assert result["verify_mode"] == "static"
+    assert result["admission_policy"] == "verify-all"
+    assert result["sps_probe_shapes"] == []
+    assert "flashinfer" in result["reason"].lower()
+
+
+@pytest.mark.parametrize("gpu", ["H100", "H200"])
+@pytest.mark.parametrize("table_file", [False, True])
+def test_explain_hopper_runs_compact_graphs_probing_only_tiers(gpu, table_file, draft, clean_env):
+    from sglang_dspark.engine.explain import explain
+
+    extra = ("--speculative-dspark-sps-table-path", "/t.json") if table_file else ()
+    result = explain(_argv(draft(), *extra), None, gpu)
+    assert (result["attention_backend"], result["verify_mode"], result["admission_policy"]) == (
+        "fa3", "compact", "async")
+    tiers = {bs * 8 for bs in H100_CAPTURE}
+    shapes = result["sps_probe_shapes"]
+    assert shapes, "compact graphs need a profiled table"
+    # Only shapes the graph runner can replay: B is a captured tier, R <= min(B, max_bs), B >= R.
+    assert all(b in tiers and r <= min(b, 48) for r, b in shapes), shapes
+    assert [1, 8] in shapes and max(b for _, b in shapes) == 384
+
+
+def test_explain_b200_trtllm_when_topk_is_given(draft, clean_env):
+    from sglang_dspark.engine.explain import explain
+
+    argv = _argv(draft(), "--speculative-eagle-topk", "1", "--speculative-dspark-sps-table-path", "/t.json")
+    result = explain(argv, None, "B200")
+    assert (result["attention_backend"], result["verify_mode"]) == ("trtllm_mha", "compact")
+    # the same backend on an H100 runs xqa: static
+    forced = explain(_argv(draft(), "--attention-backend", "trtllm_mha", "--speculative-dspark-sps-table-path",
+                           "/t.json"), None, "H100")
+    assert (forced["attention_backend"], forced["verify_mode"]) == ("trtllm_mha", "static")
+
+
+def test_explain_eager_and_explicit_backend(draft, clean_env):
+    from sglang_dspark.engine.explain import explain
+
+    eager = explain(_argv(draft(), "--cuda-graph-backend-decode", "disabled"), None, "A100")
+    assert (eager["attention_backend"], eager["cuda_graph"], eager["verify_mode"]) == ("flashinfer", False, "compact")
+    # Eager: the planner's own grid (R = 1, 2, 4, ..., 48; B from anchors only to every draft).
+    shapes = eager["sps_probe_shapes"]
+    assert [1, 1] in shapes and [48, 48] in shapes and shapes[-1] == [48, 384]
+    assert all(r <= b <= r * 8 for r, b in shapes)
+    triton = explain(_argv(draft(), "--attention-backend", "triton", "--disable-cuda-graph"), None, "L40S")
+    assert (triton["attention_backend"], triton["cuda_graph"], triton["verify_mode"]) == ("triton", False, "static")
+
+
+def test_explain_gamma_and_policy(draft, clean_env, monkeypatch):
+    from sglang_dspark.engine.explain import explain
+
+    five = explain(_argv(draft(block_size=5), "--speculative-dspark-sps-table-path", "/t.json"), None, "H100")
+    assert five["gamma"] == 5 and five["sps_probe_shapes"][0] == [1, 6]  # tiers bs * (5 + 1)
+    assert all(b % 6 == 0 for _, b in five["sps_probe_shapes"])
+    assert explain(_argv(draft(), "--speculative-dspark-block-size", "3"), None, "H100")["gamma"] == 3
+    with pytest.raises(ValueError, match="gamma"):
+        explain(_argv(draft(), "--speculative-dspark-block-size", "3", "--speculative-num-draft-tokens", "8"),
+                None, "H100")
+    headless = explain(_argv(draft(head=False), "--disable-cuda-graph"), None, "A100")
+    assert headless["verify_mode"] == "static" and "confidence head" in headless["reason"]
+    monkeypatch.setenv("SGLANG_DSPARK_ADMISSION", "verify-all")
+    assert explain(_argv(draft(), "--disable-cuda-graph"), None, "A100")["verify_mode"] == "static"
+
+
+def test_explain_refuses_user_forced_compact_on_flashinfer_graphs(draft, clean_env, monkeypatch):
+    from sglang_dspark.engine.explain import explain
+
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "compact")
+    with pytest.raises(ValueError, match="flashinfer"):
+        explain(_argv(draft()), None, "A100")
+    forced = explain(_argv(draft(), "--speculative-dspark-sps-table-path", "/t.json"), None, "H100")
+    assert forced["verify_mode"] == "compact" and "set by the user" in forced["reason"]
+
+
+def test_explain_cpu_and_unknown_gpu(draft, clean_env):
+    from sglang_dspark.engine.explain import explain, gpu_spec
+
+    cpu = explain(_argv(draft()), "cpu", None)
+    assert (cpu["cuda_graph"], cpu["verify_mode"]) == (False, "compact")
+    assert cpu["attention_backend"] in ("intel_amx", "torch_native")
+    with pytest.raises(ValueError, match="unknown GPU"):
+        explain(_argv(draft()), None, "Z9000")
+    with pytest.raises(ValueError, match="without the GPU"):
+        explain(_argv(draft()), "cuda", None)
+    assert gpu_spec("NVIDIA H100").sm == 90 and gpu_spec("h200").memory_mb > 90 * 1024
+    assert gpu_spec("a100-sxm4-40gb").name == "A100-40GB" and gpu_spec("sm100").sm == 100
+
+
+def test_capture_batch_sizes():
+    from sglang_dspark.engine.explain import GPUS, capture_batch_sizes, graph_token_tiers, parse_launch_args
+
+    def raw(*extra):
+        return parse_launch_args(["--model-path", "/x", "--speculative-algorithm", "DSPARK", *extra])
+
+    assert capture_batch_sizes(raw(), GPUS["H100"], max_running_requests=48) == H100_CAPTURE
+    assert capture_batch_sizes(raw("--max-running-requests", "16"), GPUS["H100"], max_running_requests=16) == (
+        list(range(1, 9)) + [10, 12, 14, 16])
+    assert capture_batch_sizes(raw(), GPUS["A100-40GB"], max_running_requests=48)[-1] == 32
+    assert capture_batch_sizes(raw("--cuda-graph-max-bs-decode", "4"), GPUS["B200"], max_running_requests=48) == [
+        1, 2, 3, 4]
+    assert capture_batch_sizes(raw(), GPUS["H100"], max_running_requests=48, attn_dp_size=2)[-1] == 24
+    assert graph_token_tiers([1, 2, 4], 7) == [8, 16, 32]
+
+
+def test_explain_with_the_tiny_pair(tiny_pair, clean_env):
+    from sglang_dspark.engine.explain import explain
+
+    argv = ["--model-path", str(tiny_pair.target_dir), "--speculative-algorithm", "DSPARK",
+            "--speculative-draft-model-path", str(tiny_pair.draft_dir), "--speculative-dspark-sps-table-path", "/t"]
+    result = explain(argv, None, "H100")
+    assert (result["attention_backend"], result["verify_mode"], result["gamma"]) == ("fa3", "compact", 7)
+
+
+def test_explain_cli_subcommand(draft, clean_env, capsys):
+    from sglang_dspark.engine.explain import OUTPUT_KEYS, add_explain_parser
+
+    parser = argparse.ArgumentParser(prog="sglang-dspark")
+    add_explain_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["explain", "--gpu", "L40S", "--", *_argv(draft())])
+    assert args.func(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert tuple(printed) == OUTPUT_KEYS and printed["attention_backend"] == "flashinfer"
+    bad = parser.parse_args(["explain", "--gpu", "Z9000", "--", *_argv(draft(name="other"))])
+    assert bad.func(bad) == 2
+    assert "unknown GPU" in capsys.readouterr().out

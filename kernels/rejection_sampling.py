@@ -2,7 +2,7 @@
 
 SGLang 0.5.23 verifies sampled DSpark / DFlash / EAGLE-chain drafts with
 ``sglang.kernels.ops.speculative.reject_sampling.chain_speculative_sampling_triton``, a Triton kernel with no torch
-fallback (blocker B7 in ``shared/notes/dspark-on-cpu.md``). :func:`chain_speculative_sampling_torch` has the same
+fallback (B7 in the table of ``patches/cpu_dspark.py``). :func:`chain_speculative_sampling_torch` has the same
 signature and the same in-place output contract, so a CPU dispatcher can route CPU tensors here.
 
 This module must stay free of sglang imports: it is imported by the CPU plugin and by tests that run without sglang.

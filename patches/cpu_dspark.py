@@ -15,8 +15,6 @@ platform, in every SGLang process (``sglang_dspark.plugin.register``).
 | B7 | sampled accept ends in a Triton chain sampler | CPU tensors go to ``sglang_dspark.kernels.rejection_sampling`` | AROUND hook |
 | B8 | intel_amx verify metadata is uniform-width | pack query rows by ``ragged_verify_layout`` | AROUND hook |
 | speed | the torch Markov step draws Philox noise over the vocab for every row | ``sglang_dspark.kernels.markov_step`` (``SGLANG_DSPARK_CPU_MARKOV_STEP=upstream`` keeps upstream's) | AROUND hook |
-
-Facts and file:line of each: shared notes ``dspark-on-cpu.md`` (blockers B1-B8).
 """
 
 from __future__ import annotations
@@ -113,8 +111,8 @@ def markov_step_on_cpu(original, cls, **kwargs):
     Upstream's torch path (the CPU's) draws Philox4x32-10 Gumbel noise over the whole vocabulary for every row and
     every slot whenever the step logits are kept, greedy rows included (``has_sampled_rows=None``: a CUDA graph
     cannot read the temperatures on the host). Philox written as int64 torch ops costs many passes over the vocab;
-    measured on SmolLM2 at concurrency 1 (py-spy) it was about a third of a whole DSPARK decode step. On the CPU
-    there is no graph and the host read is free, so:
+    on small models it is a large share of a whole DSPARK decode step (README: On a CPU). On the CPU there is no
+    graph and the host read is free, so:
 
     * all rows greedy: no noise (a greedy row's key is its logit whatever the noise, so the tokens are upstream's);
     * some row samples: Gumbel-max with noise from torch's CPU generator, seeded from upstream's (key, offset, step)

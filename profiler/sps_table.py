@@ -1,8 +1,8 @@
 """Engine steps per second of a target verify forward, as a function of requests ``R`` and verify tokens ``B``.
 
 DSpark admission maximises ``Θ = τ · SPS(R, B)``; ``B = Σ_r (1 + ℓ_r)`` counts every request's anchor, so
-``B ≥ R``. The cost depends on both numbers (on a CPU, 16 requests decoding one token each cost ~1.5x one request
-verifying 16 tokens), so the table is 2-D: rows of probed request counts, each with step times at a few probed ``B``.
+``B ≥ R``. The cost depends on both numbers (16 requests decoding one token each cost more than one request verifying
+16 tokens: per-request work), so the table is 2-D: rows of probed request counts, each with step times at a few probed ``B``.
 
 Design (what a reader needs to trust the numbers):
 
@@ -29,7 +29,7 @@ Design (what a reader needs to trust the numbers):
   We deliberately do NOT enforce monotonicity at fixed B: trading draft tokens for requests is not a superset of
   work, and backends legitimately run a many-request decode and a one-request verify with different kernels; the
   measured CPU table happens to rise with R at fixed B, but a table that did not would be telling us something.
-* The table keeps the raw (measured or refined) times and derives the enforced ones from them; JSON stores the
+* The table keeps the raw (measured) times and derives the enforced ones from them; JSON stores the
   enforced times, so a stored file that is not monotone is corrupt by definition.
 * **CUDA-graph token tiers (optional).** Under SGLang's compact ragged verify with CUDA graphs, a step of ``B``
   verify tokens replays the graph of tier ``T = round_up(B)`` (the smallest captured tier ``≥ B``, tiers
@@ -39,10 +39,10 @@ Design (what a reader needs to trust the numbers):
   tier probes can never invent a saving inside a tier. Steps the graphs do not cover (``R > max_slots`` requests, or
   ``B`` past the largest tier) run eager in SGLang and are looked up unrounded. The tiers live in the table (and its
   JSON) rather than in a cost wrapper: they describe what was measured, so a cached table can never be read with
-  another rounding, and every reader (admission, the overhead-adjusted cost, refinement's interpolation cells,
+  another rounding, and every reader (admission, the overhead-adjusted cost,
   /server_info) gets the same rounding without being told.
 
-Not thread-safe: the scheduler that owns a table reads and refines it from one thread.
+Immutable once built: the scheduler only reads it.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def _check_tiers(token_tiers: Any, max_slots: Any) -> tuple[tuple[int, ...], int
 
 
 class _Row:
-    """One probed request count: step seconds at increasing B, as measured/refined (raw) and monotone (enforced).
+    """One probed request count: step seconds at increasing B, as measured (raw) and monotone (enforced).
 
     ``slopes[j]`` is the time per token after probe ``j``; the last one is the tail slope past the largest probe.
     Lookups use ``seconds[j] + (b - B_j) · slopes[j]`` in both the scalar and the tensor path, so they agree.
@@ -169,18 +169,6 @@ class _Row:
         j = (b.unsqueeze(-1) >= bs).sum(dim=-1).sub_(1).clamp_(min=0)
         return ts[j] + (b.clamp(min=self.verify_tokens[0]) - bs[j]) * slopes[j]
 
-    def cell_weights(self, b: float) -> list[tuple[int, float]]:
-        """Which probe cells :meth:`seconds_at` reads at ``b``, with their interpolation weights (edge cell outside)."""
-        bs = self.verify_tokens
-        if b <= bs[0]:
-            return [(0, 1.0)]
-        if b >= bs[-1]:
-            return [(len(bs) - 1, 1.0)]
-        hi = bisect.bisect_right(bs, b)
-        frac = (b - bs[hi - 1]) / (bs[hi] - bs[hi - 1])
-        return [(i, w) for i, w in ((hi - 1, 1.0 - frac), (hi, frac)) if w > 0.0]
-
-
 class SpsTable:
     """Steps per second of a verify forward of ``R`` requests carrying ``B`` tokens in all (``B ≥ R``).
 
@@ -199,7 +187,6 @@ class SpsTable:
         *,
         source: str = "profiled",
         created_at: Optional[float] = None,
-        refined_updates: int = 0,
         metadata: Optional[Mapping[str, Any]] = None,
         token_tiers: Optional[Sequence[int]] = None,
         max_slots: Optional[int] = None,
@@ -227,7 +214,6 @@ class SpsTable:
         self._anchor_request_seconds = 0.0
         self.source = source
         self.created_at = time.time() if created_at is None else float(created_at)
-        self.refined_updates = int(refined_updates)
         self.metadata: dict[str, Any] = dict(metadata or {})
         if (token_tiers is None) != (max_slots is None):
             raise SpsTableError("token_tiers and max_slots go together (graph tiers and their largest batch size)")
@@ -378,7 +364,7 @@ class SpsTable:
         """Vectorised SPS for one R over a tensor of candidate B (what admission evaluates every step)."""
         return self.step_seconds_tensor(num_requests, verify_tokens).reciprocal()
 
-    # ------------------------------------------------------------------ probe cells (for refinement and reports)
+    # ------------------------------------------------------------------ probe cells (for reports)
 
     @property
     def num_requests_probes(self) -> tuple[int, ...]:
@@ -396,58 +382,13 @@ class SpsTable:
         return {row.num_requests: dict(zip(row.verify_tokens, row.seconds)) for row in self._rows}
 
     def raw_probe_seconds(self) -> dict[int, dict[int, float]]:
-        """Raw (measured or refined, before enforcement) seconds at every probe cell."""
+        """Raw (measured, before enforcement) seconds at every probe cell."""
         return {row.num_requests: dict(zip(row.verify_tokens, row.raw_seconds)) for row in self._rows}
 
     def _row(self, num_requests: int) -> _Row:
         if num_requests not in self._row_index:
             raise KeyError(f"R={num_requests} is not a probed request count {self._row_requests}")
         return self._rows[self._row_index[num_requests]]
-
-    @staticmethod
-    def _column(row: _Row, verify_tokens: int) -> int:
-        j = bisect.bisect_left(row.verify_tokens, verify_tokens)
-        if j == len(row.verify_tokens) or row.verify_tokens[j] != verify_tokens:
-            raise KeyError(f"B={verify_tokens} is not a probe of row R={row.num_requests}: {row.verify_tokens}")
-        return j
-
-    def interpolation_cells(self, num_requests: int, verify_tokens: int) -> list[tuple[tuple[int, int], float]]:
-        """The probe cells ``(R_probe, B_probe)`` a lookup at ``(R, B)`` reads, with weights summing to 1.
-
-        Outside the grid the nearest edge cells carry the whole weight (the extrapolation slopes come from them).
-        """
-        r = self._check_requests(num_requests)
-        b = self._graph_tokens(r, _as_count(verify_tokens, "verify_tokens"))
-        rows, rs = self._rows, self._row_requests
-        if r <= rs[0]:
-            reads = [(rows[0], max(b, rs[0]), 1.0)]
-        elif r >= rs[-1]:
-            reads = [(rows[-1], b - (r - rs[-1]), 1.0)]
-        else:
-            hi = bisect.bisect_right(rs, r)
-            weight = (r - rs[hi - 1]) / (rs[hi] - rs[hi - 1])
-            reads = [(rows[hi - 1], rs[hi - 1] * b / r, 1.0 - weight), (rows[hi], rs[hi] * b / r, weight)]
-        cells = []
-        for row, at, row_weight in reads:
-            if row_weight > 0.0:
-                for j, w in row.cell_weights(at):
-                    cells.append(((row.num_requests, row.verify_tokens[j]), row_weight * w))
-        return cells
-
-    def set_probe_seconds(self, updates: Mapping[tuple[int, int], float], *, count_as_refinement: bool = True) -> None:
-        """Replace the raw seconds of existing probe cells and re-enforce monotonicity (only rows that can change)."""
-        dirty = set()
-        for (r, b), seconds in updates.items():
-            seconds = float(seconds)
-            if not (math.isfinite(seconds) and seconds > 0.0):
-                raise SpsTableError(f"cell (R={r}, B={b}): seconds must be finite and > 0, got {seconds}")
-            row = self._row(r)
-            row.raw_seconds[self._column(row, b)] = seconds
-            dirty.add(self._row_index[r])
-        if dirty:
-            self._enforce(dirty)
-        if count_as_refinement:
-            self.refined_updates += 1
 
     def iter_probes(self) -> Iterator[tuple[int, int, float]]:
         for row in self._rows:
@@ -462,7 +403,6 @@ class SpsTable:
             "schema_version": SCHEMA_VERSION,
             "source": self.source,
             "created_at": self.created_at,
-            "refined_updates": self.refined_updates,
             "metadata": self.metadata,
             "rows": [
                 {
@@ -513,7 +453,6 @@ class SpsTable:
                 step_seconds,
                 source=source or data.get("source", "profiled"),
                 created_at=float(data["created_at"]),
-                refined_updates=_as_count(data.get("refined_updates", 0), "refined_updates"),
                 metadata=metadata,
                 token_tiers=graph_tiers.get("token_tiers"),
                 max_slots=graph_tiers.get("max_slots"),
@@ -561,7 +500,6 @@ class SpsTable:
             "created_at": self.created_at,
             "created_at_iso": datetime.datetime.fromtimestamp(self.created_at, datetime.timezone.utc).isoformat(),
             "age_seconds": max(0.0, now - self.created_at),
-            "refined_updates": self.refined_updates,
             "metadata": self.metadata,
             "graph_tiers": self.to_dict().get("graph_tiers"),
         }
@@ -569,5 +507,5 @@ class SpsTable:
     def __repr__(self) -> str:
         return (
             f"SpsTable(source={self.source!r}, R={self._row_requests[0]}..{self._row_requests[-1]} "
-            f"({len(self._rows)} rows), probes={self.num_probes}, refined_updates={self.refined_updates})"
+            f"({len(self._rows)} rows), probes={self.num_probes})"
         )

@@ -1,4 +1,5 @@
-"""DeepSpec-format DSpark draft checkpoints: ``config.json`` + ``model.safetensors`` (deepspec.md §9).
+"""DeepSpec-format DSpark draft checkpoints: ``config.json`` + ``model.safetensors`` (the layout of
+DeepSpec's released DSpark checkpoints).
 
 config.json = the target's config (same per-layer geometry) with ``architectures: ["Qwen3DSparkModel"]``,
 ``model_type: "qwen3"`` and the DSpark keys at top level: ``num_hidden_layers`` (draft depth),

@@ -12,7 +12,7 @@ network, no hub), and converts it once into ``<cache>/smollm2-135m-instruct-<dty
 The folder is built beside its destination and renamed into place, under a lock file, so a reader never sees half a
 model. ``python -m sglang_dspark.embedded.smollm2 [--dtype float32]`` prints the folder (progress goes to stderr).
 
-Conversion facts and pitfalls (see also the shared notes on the SmolLM2 CPU baseline):
+Conversion facts and pitfalls:
 
 * The weights are Q4_1 (Q8_0 for the embedding). Transformers' GGUF loader dequantises them to float32 and undoes
   llama.cpp's Q/K row permutation; it needs ``gguf`` and ``accelerate`` installed. bf16 is a cast of that float32.

@@ -177,7 +177,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         layout = super().schedule_layout(**kwargs)
         # A window that verifies every draft token of every request is the uniform verify: hand it to upstream's
         # non-compact path (layout None, as upstream does past its captured grid), which skips the ragged packing and
-        # the compact-to-strided scatter. On the CPU that is ~6 % of a tiny-model step. The decision is the admission
+        # the compact-to-strided scatter (a few percent of a tiny-model step on the CPU). The decision is the admission
         # already made, so this changes no token. Not under ragged CUDA graphs: there a target verify without a
         # layout cannot replay a graph and would run eager.
         if (

@@ -238,12 +238,6 @@ def test_untiered_steps_are_not_rounded(graph_table):
     assert graph_table.step_seconds(8, 17) == graph_table.step_seconds(8, 24) > plain.step_seconds(8, 17)
 
 
-def test_interpolation_cells_use_the_tier(graph_table):
-    assert graph_table.interpolation_cells(4, 9) == graph_table.interpolation_cells(4, 16) == [((4, 16), 1.0)]
-    graph_table.set_probe_seconds({(4, 16): 1.0})
-    assert graph_table.step_seconds(4, 9) == 1.0 and graph_table.step_seconds(4, 8) < 1.0
-
-
 def test_tiered_table_json_and_cache_round_trip(graph_table, tmp_path):
     text = graph_table.to_json()
     again = SpsTable.from_json(text)

@@ -20,3 +20,15 @@ def test_readme_has_exactly_two_setup_commands():
 
 def test_ci_runs_the_readme_test_command():
     assert readme_commands()[1] in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_cpu_image_installs_with_the_install_script_and_serves_the_embedded_pair():
+    dockerfile = (ROOT / "docker" / "Dockerfile.cpu").read_text()
+    assert "RUN scripts/install.sh cpu" in dockerfile
+    assert "python -m sglang_dspark.embedded.smollm2 --dtype float32" in dockerfile  # converted at build time
+    cmd = [line for line in dockerfile.splitlines() if line.startswith("CMD")][0]
+    for flag in ("--speculative-algorithm DSPARK", "--dtype float32", "--device cpu", "--max-total-tokens",
+                 "--sleep-on-idle"):
+        assert flag in cmd, flag
+    assert "HEALTHCHECK" in dockerfile and "/health" in dockerfile
+    assert ".venv/" in (ROOT / ".dockerignore").read_text()  # the host's venv never lands in the image

@@ -3,6 +3,18 @@
 #   scripts/install.sh gpu && scripts/gpu_smoke.sh [--backends fa3 flashinfer] [--target T --draft D]
 # Starts servers one after another on 127.0.0.1 (no-spec, upstream DSPARK static, ours) per attention backend and
 # prints a JSON report: explain's prediction, start-up, greedy identity vs no-spec, tok/s at c = 1 and 16.
+#
+# Ragged (compact) verify inside CUDA graphs on triton / flashinfer (issue #10), checks a GPU run must add:
+#   1. kernels, ~1 min: `python -m sglang_dspark.testing.ragged_verify_parity --device cuda` (exit 0):
+#      - triton: patched metadata + SGLang's extend_attention_fwd / extend_attention_fwd_unified captured in real CUDA
+#        graphs per token tier, replayed with ragged layouts of fewer requests: max_abs_err <= 2e-5 (fp32);
+#      - flashinfer: per-tier BatchPrefillWithPagedKVCacheWrapper(use_cuda_graph=True) captured, replays planned by
+#        patches/flashinfer_ragged_verify.py's host plan through fast_prefill_plan: host plan == device layout and
+#        max_abs_err <= 3e-2 (bf16) on every replay.
+#   2. servers: `scripts/gpu_smoke.sh --backends triton` (and `--backends flashinfer` with the flashinfer patch
+#      switched on) must show greedy_identical true for dspark-ours with the log naming compact verify, no
+#      'Capture cuda graph failed' / NotImplementedError / 'ragged verify tier mismatch', and tok/s next to
+#      dspark-upstream-static; see patches/flashinfer_ragged_verify.py GPU_CHECKS for the full list.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="${SGLANG_DSPARK_VENV:-$repo/.venv}/bin/python"

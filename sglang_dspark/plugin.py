@@ -25,6 +25,22 @@ def register() -> None:
 
     require_supported_sglang()
     envs.validate_all()  # a mistyped switch fails here, by name, in every process
+
+    # Input guard (issue #15): refuse requests that would kill the scheduler (HTTP 400 naming the field), on
+    # every server this plugin is loaded into, DSPARK or not.
+    from sglang_dspark.patches import input_guard
+
+    input_guard.install()
+
+    # dflash_info's eager FlashInfer packing breaks on a device-only ragged layout (TypeError): fixed everywhere.
+    from sglang_dspark.engine.verify_mode import PLUGIN_TRITON_RAGGED_VERIFY
+    from sglang_dspark.patches import flashinfer_ragged_verify
+
+    flashinfer_ragged_verify.install_device_only_layout_fix()
+    if PLUGIN_TRITON_RAGGED_VERIFY:  # ragged verify on SGLang's Triton backend (see engine/verify_mode.py)
+        from sglang_dspark.patches import triton_ragged_verify
+
+        triton_ragged_verify.apply()
     if cpu_platform_active():
         from sglang_dspark.patches import cpu_dspark
 

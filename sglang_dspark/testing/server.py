@@ -142,19 +142,23 @@ def start_server(
         )
     server = SGLangServer(process=process, port=port, log_path=log_path, args=args)
     deadline = started + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ServerStartError(
-                f"SGLang server exited with code {process.returncode} during start-up "
-                f"(args: {' '.join(args)}).\n--- log tail ---\n{server.log_tail()}"
-            )
-        try:
-            if requests.get(f"{server.url}/health", timeout=2).status_code == 200:
-                server.startup_seconds = time.monotonic() - started
-                return server
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise ServerStartError(
+                    f"SGLang server exited with code {process.returncode} during start-up "
+                    f"(args: {' '.join(args)}).\n--- log tail ---\n{server.log_tail()}"
+                )
+            try:
+                if requests.get(f"{server.url}/health", timeout=2).status_code == 200:
+                    server.startup_seconds = time.monotonic() - started
+                    return server
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+    except BaseException:  # Ctrl-C / SIGTERM during start-up: the half-started server goes too
+        server.stop()
+        raise
     server.stop()
     raise ServerStartError(f"SGLang server not healthy after {timeout:.0f} s.\n--- log tail ---\n{server.log_tail()}")
 

@@ -187,6 +187,9 @@ def apply() -> None:
     HookRegistry.register(_DFLASH_ATTENTION_INIT, dflash_attention_torch_qk_norm_rope, HookType.AFTER)  # B6
     HookRegistry.register(_CHAIN_SAMPLING, chain_sampling_dispatch, HookType.AROUND)  # B7
     HookRegistry.register(_AMX_EXTEND_METADATA, amx_extend_metadata_with_ragged_verify, HookType.AROUND)  # B8
+    from sglang_dspark.patches import exact_verify_filters
+
+    exact_verify_filters.apply()  # min_p and top-k + top-p exact in sampled verify (see that module)
     if envs.CPU_MARKOV_STEP.get() != "upstream":
         HookRegistry.register(_MARKOV_SAMPLE_TORCH, markov_step_on_cpu, HookType.AROUND)
     _applied = True

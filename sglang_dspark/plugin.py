@@ -32,6 +32,18 @@ def register() -> None:
 
     input_guard.install()
 
+    # Exact penalties in DSPARK's verify (issue #15): upstream ignores frequency/presence/repetition penalties and
+    # min_new_tokens on speculative batches; these hooks feed the penalizers and penalise every verify position.
+    from sglang_dspark.patches import spec_penalties
+
+    spec_penalties.install()
+
+    # A speculative request clamped to the KV pool's edge would be aborted (HTTP 500) near its end: keep the room
+    # a speculative decode step allocates (issue #15).
+    from sglang_dspark.patches import spec_length_headroom
+
+    spec_length_headroom.install()
+
     # dflash_info's eager FlashInfer packing breaks on a device-only ragged layout (TypeError): fixed everywhere.
     from sglang_dspark.engine.verify_mode import PLUGIN_TRITON_RAGGED_VERIFY
     from sglang_dspark.patches import flashinfer_ragged_verify

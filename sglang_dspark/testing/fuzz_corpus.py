@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional
 
 import requests
 
+from sglang_dspark.testing.server import sse_payloads
+
 GENERATE = "/generate"
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -321,12 +323,7 @@ def send(base_url: str, case: FuzzCase, timeout: float = 120.0) -> Reply:
         )
         reply = Reply(status=response.status_code)
         if case.stream and response.status_code == 200:
-            for line in response.iter_lines(decode_unicode=True):
-                if not line or not line.startswith("data:"):
-                    continue
-                payload = line[len("data:"):].strip()
-                if payload == "[DONE]":
-                    break
+            for payload in sse_payloads(response):
                 try:
                     event = json.loads(payload)
                 except ValueError:

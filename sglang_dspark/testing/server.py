@@ -170,12 +170,15 @@ def chat(server: SGLangServer, messages: list[dict], stream: bool = False, timeo
     response.raise_for_status()
     if not stream:
         return response.json()
-    chunks = []
+    return [json.loads(payload) for payload in sse_payloads(response)]
+
+
+def sse_payloads(response: requests.Response):
+    """The ``data:`` payloads of a streamed SGLang/OpenAI response, as text, up to ``[DONE]``."""
     for line in response.iter_lines(decode_unicode=True):
         if not line or not line.startswith("data:"):
             continue
         payload = line[len("data:"):].strip()
         if payload == "[DONE]":
-            break
-        chunks.append(json.loads(payload))
-    return chunks
+            return
+        yield payload

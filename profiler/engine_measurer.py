@@ -29,6 +29,7 @@ import torch
 from sglang_dspark.profiler.probe_plan import ProbePlan, fit_schedule_to_budget, graph_token_tiers, make_probe_plan
 from sglang_dspark.profiler.sps_cache import SpsTableCache, make_cache_key
 from sglang_dspark.profiler.sps_table import SpsTable
+from sglang_dspark.profiler.table_trust import ContentionWindow, cache_refusal
 from sglang_dspark.profiler.tp_consensus import profile_consistently
 from sglang_dspark.profiler.upstream_sps import load_sps_table_file
 
@@ -166,12 +167,30 @@ def obtain_sps_table(
     )
     cache = SpsTableCache()
     measure = make_verify_forward_measurer(model_runner, plan)  # context_tokens and tiers do not change on thinning
+
+    def store_if_trusted(table: SpsTable):
+        # A table profiled while the machine was busy serves this run but is not cached (profiler/table_trust.py).
+        # Under TP a lone re-measurement would be a collective forward on one rank: only the host check runs there.
+        try:
+            refusal = cache_refusal(
+                table, measure if group is None else None, device=str(model_runner.device),
+                own_threads=torch.get_num_threads(), window=window,
+            )
+        except Exception as exc:  # noqa: BLE001 - a failed check must not cache, and must not fail the start-up
+            refusal = f"the trust check failed ({exc})"
+        if refusal is not None:
+            logger.warning("sglang-dspark: SPS table not cached: profiled while the machine was busy (%s); "
+                           "it serves this run, the next start profiles again", refusal)
+            return None
+        return cache.store(key, table)
+
+    window = ContentionWindow()  # what other processes ran on the CPU while we profile
     table = profile_consistently(
         measure,
         lambda collective_measure: fit_schedule_to_budget(collective_measure, make_plan, time_budget_seconds),
         group,
         load_cached=lambda: cache.load(key),
-        store=lambda t: cache.store(key, t),
+        store=store_if_trusted,
         progress=True,
     )
     source = "cache" if table.source == "cache" else "profiled"

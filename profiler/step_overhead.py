@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -35,12 +35,15 @@ class StepOverhead:
         max_step_fraction: float = 0.25,
         log_interval_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        label: str = "step",
     ) -> None:
+        self.label = label
         self.rate = rate
         self.max_step_fraction = max_step_fraction
         self.log_interval_seconds = log_interval_seconds
         self._clock = clock
         self._seconds: dict[int, float] = {}
+        self._samples: dict[int, int] = {}
         self.updates = 0
         self._last_log = clock()
 
@@ -54,12 +57,19 @@ class StepOverhead:
             self._seconds[bucket] = sample
         else:
             limit = self.max_step_fraction * measured_seconds  # one stalled step cannot swing the estimate
-            self._seconds[bucket] = current + max(-limit, min(limit, self.rate * (sample - current)))
+            # A running mean over the first 1/rate samples, then the moving average: the first step measured in a
+            # bucket (often after a prefill or a batch change) does not dominate the estimate for long.
+            rate = max(self.rate, 1.0 / (self._samples.get(bucket, 1) + 1))
+            self._seconds[bucket] = current + max(-limit, min(limit, rate * (sample - current)))
+        self._samples[bucket] = self._samples.get(bucket, 0) + 1
         self.updates += 1
         now = self._clock()
         if now - self._last_log >= self.log_interval_seconds:
             self._last_log = now
-            logger.info("sglang-dspark: learned step overhead (ms) per R bucket: %s after %d steps", self.summary(), self.updates)
+            logger.info(
+                "sglang-dspark: learned %s overhead (ms) per R bucket: %s after %d steps",
+                self.label, self.summary(), self.updates,
+            )
         return True
 
     def seconds(self, num_requests: int) -> float:
@@ -69,6 +79,14 @@ class StepOverhead:
         target = _bucket(num_requests)
         nearest = min(self._seconds, key=lambda b: (abs(math.log2(b) - math.log2(target)), b))
         return self._seconds[nearest]
+
+    def known(self, num_requests: int) -> Optional[float]:
+        """The learned overhead of R's own bucket, or None when that bucket has no measurement yet."""
+        return self._seconds.get(_bucket(num_requests))
+
+    def samples(self, num_requests: int) -> int:
+        """How many steps of R's bucket were measured."""
+        return self._samples.get(_bucket(num_requests), 0)
 
     def summary(self) -> dict[int, float]:
         return {bucket: round(seconds * 1e3, 3) for bucket, seconds in sorted(self._seconds.items())}
@@ -80,9 +98,14 @@ class OverheadAdjustedCost:
     def __init__(self, table, overhead: StepOverhead) -> None:
         self.table = table
         self.overhead = overhead
+        # Online correction of a table that is too slow for the steps served (profiler/table_trust.py).
+        self.verify_scale = 1.0
+
+    def verify_seconds(self, num_requests: int, verify_tokens: int) -> float:
+        return self.verify_scale * self.table.step_seconds(num_requests, int(verify_tokens))
 
     def steps_per_second(self, num_requests: int, verify_tokens: Union[int, torch.Tensor]):
         extra = self.overhead.seconds(num_requests)
         if isinstance(verify_tokens, torch.Tensor):
-            return 1.0 / (self.table.step_seconds_tensor(num_requests, verify_tokens) + extra)
-        return 1.0 / (self.table.step_seconds(num_requests, int(verify_tokens)) + extra)
+            return 1.0 / (self.verify_scale * self.table.step_seconds_tensor(num_requests, verify_tokens) + extra)
+        return 1.0 / (self.verify_seconds(num_requests, verify_tokens) + extra)

@@ -56,6 +56,13 @@ WORKER = Switch(
     "sglang-dspark (default): our worker and planner; upstream: keep SGLang's own DSparkWorkerV2 (comparisons)",
     ("sglang-dspark", "upstream"),
 )
+DRAFT_GATE = Switch(
+    "SGLANG_DSPARK_DRAFT_GATE", "auto",
+    "draft only when it pays: auto (default: skip the draft block on steps where a plain anchor-only step has the "
+    "higher expected throughput, learned step costs, periodic probes); off: draft every step; pause: never draft "
+    "(test); alternate: draft every other step (test); comeback: pause, then a cost model where drafting pays (test)",
+    ("auto", "off", "pause", "alternate", "comeback"),
+)
 CPU_PLATFORM = Switch(
     "SGLANG_DSPARK_CPU_PLATFORM", "1",
     "1 (default): activate the CPU platform when SGLang runs on the CPU; 0: never activate it",
@@ -77,7 +84,7 @@ STANDIN_TRACE = Switch(
     ("0", "1"),
 )
 
-SWITCHES: tuple[Switch, ...] = (ADMISSION, WORKER, CPU_PLATFORM, CPU_MARKOV_STEP, CACHE, STANDIN_TRACE)
+SWITCHES: tuple[Switch, ...] = (ADMISSION, WORKER, DRAFT_GATE, CPU_PLATFORM, CPU_MARKOV_STEP, CACHE, STANDIN_TRACE)
 
 
 def cache_root() -> Path:

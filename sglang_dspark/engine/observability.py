@@ -5,7 +5,7 @@ Both sides live in the scheduler process, next to the worker that records the st
 * ``/server_info``: the HTTP server asks every scheduler for its internal state (``GetInternalStateReq``); the
   scheduler answers with ``SchedulerInternalStateController.get_internal_state`` (the same place that adds
   ``avg_spec_accept_length`` and ``dspark_info_record``). An AFTER hook there adds ``dspark_admission``, so it shows
-  up in ``internal_states[i]``.
+  up in ``internal_states[i]`` (with the draft gate's ``drafted_step_share`` and ``draft_gate`` state).
 * ``/metrics``: SGLang runs prometheus_client in multiprocess mode (the launcher sets ``PROMETHEUS_MULTIPROC_DIR``
   before it spawns the schedulers; the HTTP server's ``/metrics`` merges every process's files with a
   ``MultiProcessCollector``). Metrics created in the scheduler therefore appear there without any HTTP-side code.
@@ -148,6 +148,10 @@ class AdmissionMetricsExporter:
             "sglang_dspark:mean_observed_survival", "Share of verified draft positions that were accepted (window)."
         )
         self.mean_step_ms = gauge("sglang_dspark:mean_step_ms", "Mean decode step time in milliseconds.")
+        self.drafted_step_share = gauge(
+            "sglang_dspark:drafted_step_share",
+            "Share of decode steps that ran the draft block (the draft gate skips it where a plain step pays more).",
+        )
         self.sps_table_age_seconds = gauge(
             "sglang_dspark:sps_table_age_seconds", "Age of the SPS table in use, at the last refresh."
         )
@@ -180,6 +184,7 @@ class AdmissionMetricsExporter:
             (self.mean_predicted_survival, "mean_predicted_survival"),
             (self.mean_observed_survival, "mean_observed_survival"),
             (self.mean_step_ms, "mean_step_ms"),
+            (self.drafted_step_share, "drafted_step_share"),
         ):
             gauge.labels(**labels).set(_gauge_value(summary.get(key)))
         sps = summary.get("sps") or {}

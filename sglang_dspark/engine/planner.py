@@ -10,7 +10,11 @@ what this subclass adds:
 * our admission policies (``SGLANG_DSPARK_ADMISSION``): ``async`` (default: upstream's production scheme, with our
   capacity search over the 2-D cost), ``exact`` (Algorithm 1 on the current confidences, host-synchronous),
   ``off`` (verify only the anchor), ``verify-all`` (static mode, decided at argument resolution);
-* the admission record our observability reads.
+* the admission record our observability reads;
+* the draft gate (``SGLANG_DSPARK_DRAFT_GATE``, scheduling/draft_gate.py): before each decode step, on the host,
+  "draft" or "plain anchor-only step" from Θ(no draft) = R / t_skip(R) vs the best Θ of a drafted step; the two
+  step costs are the profiled verify plus overheads learned separately from drafted and from skipped steps (their
+  difference is the draft block's cost). A skipped step verifies the anchors only (budget 0, verify lengths 1).
 
 It replaces ``dspark_planner.DSparkVerifyPlanner`` through HookRegistry together with our worker, so upstream's
 worker (``SGLANG_DSPARK_WORKER=upstream``) keeps upstream's planner.
@@ -27,11 +31,14 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
     DSparkVerifyPlanner,
     HostConfidenceBudgetPlanner,
     VerifyBudgetDecision,
+    local_verify_tier_num_tokens,
 )
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
 from sglang_dspark.engine.step_record import StepRecord
 from sglang_dspark.profiler.step_overhead import OverheadAdjustedCost, StepOverhead
+from sglang_dspark.profiler.table_trust import TableAgreement
+from sglang_dspark.scheduling.draft_gate import DraftGate, GateDecision
 from sglang_dspark.scheduling.policy import AdmissionPolicy
 from sglang_dspark.scheduling.stats import get_admission_stats
 
@@ -53,6 +60,23 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
 
     cost = None
     policy: AdmissionPolicy
+    # The lagged survivals of the last compute_budget ([R, γ]), for the draft gate of the same step (overlap path).
+    last_survival: Optional[torch.Tensor] = None
+
+    def latest_survival(self, *, req_pool_indices_cpu, current_generation) -> Optional[torch.Tensor]:
+        """Survivals from the newest confidences in the host carry ring (the synchronous path), without shifting it.
+
+        For the draft gate only, which may look at any past confidence: the step's draft does not exist yet. None
+        when the ring is not in use (the overlap relay supplies the lag) or nothing was stored yet."""
+        if self.carry_steps == 0 or self._carry_confidence is None or self._carry_pos == 0:
+            return None
+        slot = (self._carry_pos - 1) % self.carry_steps
+        rows = req_pool_indices_cpu.to(torch.int64)
+        return self._two_steps_prior_survival(
+            lagged_confidence=self._carry_confidence[slot, rows],
+            lagged_generation=self._carry_generation[slot, rows],
+            current_generation=current_generation,
+        )
 
     def compute_budget(self, *, confidence, generation, current_generation, req_pool_indices_cpu) -> int:
         lagged_confidence, lagged_generation = self._shift_to_lag(
@@ -63,6 +87,7 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
             lagged_generation=lagged_generation,
             current_generation=current_generation,
         )
+        self.last_survival = survival
         num_requests, gamma = survival.shape
         if self.forced_budget_frac is not None:  # upstream's /update knob keeps working
             budget = max(0, int(float(self.forced_budget_frac) * num_requests * gamma))
@@ -80,8 +105,14 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         super().__init__(**kwargs)
         self.policy = AdmissionPolicy.from_env()
         self.sps_table = None
-        self.step_overhead = StepOverhead()
+        # Non-verify time of a step, learned apart for steps that ran the draft block and steps that skipped it.
+        self.step_overhead = StepOverhead(label="drafted step")
+        self.skip_overhead = StepOverhead(label="skipped-draft step")
+        self.draft_gate: Optional[DraftGate] = None  # set by enable_draft_gate (our worker decides if it applies)
+        self._gate_pending = None  # (draft_input, GateDecision) decided in prepare_verify_budget (overlap path)
+        self.anchor_only = False  # this step skips the draft: verify the anchors only
         self.step_cost = None  # profiled verify cost + learned step overhead; set by install_sps_table
+        self.table_agreement = TableAgreement()  # online check of the table against the steps served
         self.last_confidence: Optional[torch.Tensor] = None
         self._stats_error_logged = False
         self._learn_overhead = False
@@ -134,6 +165,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         # learned from local step times would make ranks diverge, so the online part stays off there.
         self._learn_overhead = int(getattr(get_parallel(), "tp_size", 1) or 1) == 1
         self.step_cost = OverheadAdjustedCost(self.sps_table, self.step_overhead)
+        self.table_agreement = TableAgreement(source=obtained.source)
         self._budget_planner.cost = self.step_cost
         summary = self.sps_table.summary()
         get_admission_stats().set_sps_summary(summary)
@@ -148,18 +180,136 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         )
 
     def _fall_back_to_verify_all(self) -> None:
+        self.draft_gate = None
         self.policy = AdmissionPolicy("verify-all")
         self._budget_planner.policy = self.policy
         self._budget_planner.cost = _UnknownCost()
         get_admission_stats().set_policy("verify-all")
 
+    # ------------------------------------------------------------------ draft gate
+
+    def enable_draft_gate(self, mode: str) -> None:
+        self.draft_gate = DraftGate(mode)
+        self._publish_gate_state()
+
+    def prepare_verify_budget(self, batch, future_map) -> None:
+        """Overlap path: the budget of the next step, on the host before its forward; the gate decides here too."""
+        if self._budget_planner is not None:
+            self._budget_planner.last_survival = None
+        super().prepare_verify_budget(batch, future_map)
+        draft_input = batch.spec_info
+        if (
+            self.draft_gate is None
+            or draft_input is None
+            or batch.forward_mode.is_extend()
+            or batch.is_extend_in_batch
+            or batch.batch_size() == 0
+            or batch.has_grammar
+        ):
+            return
+        decision = self._decide(self._budget_planner.last_survival, batch.batch_size())
+        self._gate_pending = (draft_input, decision)
+        if not decision.draft:
+            draft_input.verify_token_budget = 0
+            batch.spec_verify_tier_num_tokens = local_verify_tier_num_tokens(
+                bs=batch.batch_size(),
+                verify_token_budget=0,
+                verify_num_draft_tokens=self.verify_num_draft_tokens,
+                min_verify_len=self._schedule_cfg.min_verify_len,
+            )
+
+    def begin_decode_step(self, batch) -> bool:
+        """Called by our worker before a decode step: True to draft, False for a plain anchor-only step."""
+        self.anchor_only = False
+        pending, self._gate_pending = self._gate_pending, None
+        if self.draft_gate is None or batch.has_grammar:
+            return True
+        if pending is not None and pending[0] is batch.spec_info:
+            decision = pending[1]
+        else:  # synchronous scheduling: decide from the newest confidences the host carry ring holds
+            decision = self._decide(self._sync_survival(batch), len(batch.seq_lens))
+        self.anchor_only = not decision.draft
+        return decision.draft
+
+    def end_decode_step(self) -> None:
+        self.anchor_only = False
+
+    def _sync_survival(self, batch) -> Optional[torch.Tensor]:
+        if self._budget_planner is None:
+            return None
+        rows = getattr(batch, "req_pool_indices_cpu", None)
+        if rows is None:
+            rows = batch.req_pool_indices.to("cpu")
+        rows = rows.to(torch.int64)
+        generation = self.model_runner.req_to_token_pool.req_generation[rows]
+        return self._budget_planner.latest_survival(req_pool_indices_cpu=rows, current_generation=generation)
+
+    def _skip_step_seconds(self, num_requests: int) -> Optional[float]:
+        """Time of a step that skips the draft: profiled verify of the R anchors + the learned skipped-step rest."""
+        if self.skip_overhead.updates == 0 or self.step_cost is None:
+            return None
+        return self.step_cost.verify_seconds(num_requests, num_requests) + self.skip_overhead.seconds(num_requests)
+
+    def _decide(self, survival: Optional[torch.Tensor], num_requests: int) -> GateDecision:
+        gate = self.draft_gate
+        try:
+            decision = gate.decide(
+                lagged_survival=survival,
+                cost_with_draft=self.step_cost,
+                seconds_without_draft=self._skip_step_seconds(num_requests),
+                skip_samples=self.skip_overhead.samples(num_requests),
+                num_requests=num_requests,
+            )
+        except Exception:  # the gate must never take a decode step down: draft, as without it
+            logger.exception("sglang-dspark: draft gate failed; drafting every step from now on")
+            self.draft_gate = None
+            return GateDecision(True, "error")
+        self._publish_gate_state()
+        return decision
+
+    def _publish_gate_state(self) -> None:
+        gate = self.draft_gate
+        if gate is None:
+            return
+        summary = gate.summary()
+        drafted = self.step_overhead.summary()
+        skipped = self.skip_overhead.summary()
+        summary["drafted_step_overhead_ms"] = drafted
+        summary["skipped_step_overhead_ms"] = skipped
+        # The draft block's learned cost per R bucket: the difference of the two overheads.
+        summary["draft_ms"] = {b: round(drafted[b] - skipped[b], 3) for b in drafted if b in skipped}
+        last = gate.last
+        if last is not None and last.choice is not None:
+            summary["last"] = {
+                "reason": last.reason,
+                "theta_draft": last.choice.theta_draft,
+                "theta_skip": last.choice.theta_skip,
+                "capacity": last.choice.capacity,
+            }
+        get_admission_stats().set_draft_gate(summary)
+
+    def resolve_verify_token_budget(self, **kwargs):
+        if self.anchor_only:
+            kwargs["draft_input"].verify_token_budget = 0
+            return 0
+        return super().resolve_verify_token_budget(**kwargs)
+
+    # ------------------------------------------------------------------ after a step
+
     def observe_step(self, record: StepRecord) -> None:
         """A finished decode step, already on the host (the worker's StepRecorder never syncs the device):
         teach the cost model the step's non-verify time and hand the admission record to observability."""
         num_requests = len(record.commit_lens)
-        if self.sps_table is not None and record.seconds is not None and self._learn_overhead:
-            verify_seconds = self.sps_table.step_seconds(num_requests, sum(record.verify_lens))
-            self.step_overhead.observe(num_requests, record.seconds, verify_seconds)
+        if self.step_cost is not None and record.seconds is not None and self._learn_overhead:
+            table_seconds = self.sps_table.step_seconds(num_requests, sum(record.verify_lens))
+            if self.table_agreement.observe(record.seconds, table_seconds):
+                self.step_cost.verify_scale = self.table_agreement.scale
+                get_admission_stats().set_sps_summary(
+                    dict(self.sps_table.summary(), **self.table_agreement.summary())
+                )
+            verify_seconds = self.step_cost.verify_scale * table_seconds
+            overhead = self.step_overhead if record.drafted else self.skip_overhead
+            overhead.observe(num_requests, record.seconds, verify_seconds)
         survival = record.confidence.cumprod(dim=1) if record.confidence is not None else None
         try:
             get_admission_stats().record_step(
@@ -167,6 +317,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
                 accepted_drafts=[max(0, n - 1) for n in record.commit_lens],
                 survival=survival,
                 step_seconds=record.seconds,
+                drafted=record.drafted,
             )
         except ValueError as exc:  # observability must never take a decode step down
             if not self._stats_error_logged:
@@ -190,6 +341,9 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         return layout
 
     def _schedule_verify_lens(self, *, req_pool_indices, prefix_lens, device, confidence, budget):
+        if self.anchor_only:  # the draft gate skipped this step's draft: a plain step, anchors only
+            self.last_confidence = None
+            return torch.ones(int(req_pool_indices.shape[0]), dtype=torch.int32, device=device)
         verify_lens = None
         if self._budget_planner is not None:
             verify_lens = self.policy.verify_lengths(

@@ -24,12 +24,15 @@ import torch
 @dataclass
 class StepRecord:
     """One decode step, on the host: per-request verify lengths (anchor included), committed lengths, the
-    draft confidences the planner scheduled from ([R, γ], or None) and the step's seconds (or None)."""
+    draft confidences the planner scheduled from ([R, γ], or None), the step's seconds (or None) and whether it ran
+    the draft block."""
 
     verify_lens: list[int]
     commit_lens: list[int]
     confidence: Optional[torch.Tensor]
     seconds: Optional[float]
+    # False for a step that skipped the draft block (the draft gate's plain anchor-only step).
+    drafted: bool = True
 
 
 def pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -49,8 +52,9 @@ class _PendingCopy:
     """Non-blocking device→pinned-host copies of one step plus the events that say when they (and the step) ended."""
 
     def __init__(self, tensors: dict, started_event, ended_event, default_verify_len: int, copy_to_host,
-                 make_event) -> None:
+                 make_event, drafted: bool = True) -> None:
         self.host = {name: (copy_to_host(t) if t is not None else None) for name, t in tensors.items()}
+        self.host["drafted"] = drafted
         self.copied = make_event(False)
         self.started_event = started_event
         self.ended_event = ended_event
@@ -73,7 +77,8 @@ def _record_from_host(host: dict, seconds: Optional[float], default_verify_len: 
     confidence = host.get("confidence")
     if confidence is not None:
         confidence = confidence.float()
-    return StepRecord(verify_lens=verify_lens, commit_lens=commit_lens, confidence=confidence, seconds=seconds)
+    return StepRecord(verify_lens=verify_lens, commit_lens=commit_lens, confidence=confidence, seconds=seconds,
+                      drafted=bool(host.get("drafted", True)))
 
 
 class StepRecorder:
@@ -96,18 +101,20 @@ class StepRecorder:
         else:
             self._started = self._make_event(True)
 
-    def finish(self, *, accept_lens, cap_lens, confidence, default_verify_len: int) -> list[StepRecord]:
+    def finish(self, *, accept_lens, cap_lens, confidence, default_verify_len: int,
+               drafted: bool = True) -> list[StepRecord]:
         tensors = {"accept_lens": accept_lens, "cap_lens": cap_lens, "confidence": confidence}
         if confidence is not None and confidence.shape[0] != accept_lens.shape[0]:
             tensors["confidence"] = None  # scheduled for another batch (composition changed): not this step's
         if self.on_host:
             seconds = self._clock() - self._started
             host = {k: (v.detach() if v is not None else None) for k, v in tensors.items()}
+            host["drafted"] = drafted
             return [_record_from_host(host, seconds, default_verify_len)]
         ended = self._make_event(True)
         self._pending.append(
             _PendingCopy({k: (v.detach() if v is not None else None) for k, v in tensors.items()},
-                         self._started, ended, default_verify_len, self._copy_to_host, self._make_event)
+                         self._started, ended, default_verify_len, self._copy_to_host, self._make_event, drafted)
         )
         ready = []
         while self._pending and self._pending[0].ready():

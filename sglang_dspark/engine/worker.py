@@ -4,8 +4,17 @@ SGLang reserves the name DSPARK and builds the worker with a call-time import of
 ``dspark_worker_v2.DSparkWorkerV2`` (spec_info.py, ``create_worker``), so replacing that module attribute in every
 scheduler process is how ``--speculative-algorithm DSPARK`` reaches this class. Upstream's pipeline (draft block,
 Markov sampling, verify, accept, commit) is correct and reused as is. What we add lives in our planner
-(``sglang_dspark/engine/planner.py``: admission policy, SPS table, cost model, admission record); the worker times each
-decode step and forwards it to the planner, without a host sync (``engine/step_record.py``).
+(``sglang_dspark/engine/planner.py``: admission policy, SPS table, cost model, draft gate, admission record); the
+worker times each decode step and forwards it to the planner, without a host sync (``engine/step_record.py``).
+
+Draft gate (``SGLANG_DSPARK_DRAFT_GATE``): before a decode step the planner decides whether the draft block pays
+this step. When it does not, the proposer (re-classed to :class:`GatedDraftBlockProposer`) returns a placeholder
+block instead of running the draft forward, the LM head over the γ slots, the Markov loop and the confidence head,
+and the planner verifies the anchors only (verify length 1 for every request). Everything after the draft is
+upstream's step unchanged: the verify of the anchor gives the target's own next token (greedy, or sampled through
+the rejection step against a one-hot placeholder, which returns a sample of the target distribution), and
+``commit_hidden`` still writes the committed token's target hidden states into the draft KV, so the next drafted
+step drafts from the full context.
 
 ``SGLANG_DSPARK_WORKER=upstream`` keeps upstream's class (documented; used to compare side by side).
 """
@@ -15,6 +24,12 @@ from __future__ import annotations
 import logging
 import os
 
+from sglang.srt.speculative.dspark_components.dspark_draft import (
+    DraftBlockProposer,
+    DraftBlockResult,
+    DraftProposal,
+    resolve_draft_params,
+)
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
 from sglang_dspark import envs
@@ -30,6 +45,43 @@ def use_upstream_worker() -> bool:
     return envs.WORKER.get() == "upstream"
 
 
+class GatedDraftBlockProposer(DraftBlockProposer):
+    """Upstream's proposer, plus a plain step: with ``skip_draft`` set, ``propose`` runs no draft at all.
+
+    The placeholder proposal: the anchor (the committed bonus token) in column 0 of the block ids, as upstream's
+    forward writes it; the anchor repeated as the γ "draft tokens" (always a valid token id); a one-hot (greedy)
+    draft distribution; no confidences. Under the anchor-only layout none of these placeholder tokens is verified.
+    Should a step ever verify them (a full-width verify past the captured graph grid), acceptance stays exact:
+    greedy accepts only tokens equal to the target's argmax, and rejection sampling against any draft
+    distribution, one-hot included, outputs the target distribution."""
+
+    skip_draft = False
+
+    def propose(self, *, batch, draft_input, verify_window, bs, device, target_model, sampling_info,
+                anchor_prepared=False):
+        if not self.skip_draft:
+            return super().propose(
+                batch=batch, draft_input=draft_input, verify_window=verify_window, bs=bs, device=device,
+                target_model=target_model, sampling_info=sampling_info, anchor_prepared=anchor_prepared,
+            )
+        block_ids = self.draft_block_ids_view(bs=bs, device=batch.seq_lens.device)
+        if not anchor_prepared:
+            block_ids[:, 0].copy_(draft_input.bonus_tokens.view(-1))
+        params = resolve_draft_params(sampling_info=sampling_info, bs=bs, device=device)
+        anchors = block_ids[:, :1]
+        draft_block = DraftBlockResult(
+            draft_tokens=anchors.expand(bs, self.gamma).contiguous(),
+            corrected_logits=None,
+            greedy_mask=params.greedy_mask,
+            temperatures=params.temperatures,
+            greedy_draft=True,
+        )
+        return DraftProposal(
+            draft_block_ids=block_ids if self.sample_from_anchor else block_ids[:, : self.gamma].contiguous(),
+            draft_block=draft_block,
+        )
+
+
 class DSparkWorker(DSparkWorkerV2):
     """sglang-dspark's DSPARK worker (see module docstring)."""
 
@@ -38,6 +90,7 @@ class DSparkWorker(DSparkWorkerV2):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._step_recorder = StepRecorder(self.device)
+        self._draft_gate_on = False
         logger.info("sglang-dspark DSPARK worker active (pid %d)", os.getpid())
 
     def init_cuda_graphs(self):
@@ -46,22 +99,69 @@ class DSparkWorker(DSparkWorkerV2):
         # where the SPS table is profiled (or loaded), before the first request.
         if self._hosts_draft:
             self._verify_planner.install_sps_table()
+            self._install_draft_gate()
+
+    def _draft_gate_blocker(self) -> str | None:
+        """Why the draft gate cannot run on this server (None: it can)."""
+        from sglang.srt.runtime_context import get_parallel
+
+        planner = self._verify_planner
+        parallel = get_parallel()
+        if planner._budget_planner is None or planner.policy.name not in ("async", "exact"):
+            return f"admission policy {planner.policy.name!r} (the gate needs async or exact)"
+        if not planner.is_compact_mode:
+            return f"verify mode {planner.mode_value!r} (the gate needs compact)"
+        if planner.sps_table is None:
+            return "no SPS table"
+        # Every rank must take the same decision: learned step times are per rank, and a MoE draft's forward joins
+        # collectives across DP ranks.
+        if int(getattr(parallel, "tp_size", 1) or 1) > 1 or getattr(parallel, "attn_dp_enabled", False):
+            return "tensor or attention-data parallelism"
+        if self._deferred_commit() is not None:
+            return "deferred context-KV commit (SGLANG_DSPARK_DEFER_CONTEXT_KV)"
+        return None
+
+    def _install_draft_gate(self) -> None:
+        mode = envs.DRAFT_GATE.get()
+        if mode == "off":
+            logger.info("sglang-dspark draft gate: off (%s=off): every decode step drafts", envs.DRAFT_GATE.name)
+            return
+        blocker = self._draft_gate_blocker()
+        if blocker is not None:
+            logger.info("sglang-dspark draft gate: off on this server (%s): every decode step drafts", blocker)
+            return
+        if not isinstance(self._proposer, GatedDraftBlockProposer):
+            # Re-class the live proposer (its buffers, noise counter and draft sampler stay as upstream built them).
+            self._proposer.__class__ = GatedDraftBlockProposer
+        self._verify_planner.enable_draft_gate(mode)
+        self._draft_gate_on = True
+        logger.info("sglang-dspark draft gate: mode=%s (skips the draft block on steps where it does not pay)", mode)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, *, pp_proxy_tensors=None):
         is_decode = self._hosts_draft and not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
+        planner = self._verify_planner
+        drafted = True
         if is_decode:
+            if self._draft_gate_on and not batch.forward_mode.is_idle() and len(batch.seq_lens) > 0:
+                drafted = planner.begin_decode_step(batch)
+                self._proposer.skip_draft = not drafted
             self._step_recorder.start()
-        result = super().forward_batch_generation(
-            batch, on_publish, grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
-        )
+        try:
+            result = super().forward_batch_generation(
+                batch, on_publish, grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
+            )
+        finally:
+            if self._draft_gate_on:
+                self._proposer.skip_draft = False
+                planner.end_decode_step()
         if is_decode and getattr(result, "accept_lens", None) is not None and result.accept_lens.numel() > 0:
-            planner = self._verify_planner
             # Only times and forwards: no host read of a device tensor here (StepRecorder copies without blocking).
             for record in self._step_recorder.finish(
                 accept_lens=result.accept_lens,
                 cap_lens=result.cap_lens,
-                confidence=planner.last_confidence,
+                confidence=planner.last_confidence if drafted else None,
                 default_verify_len=int(self.verify_num_draft_tokens),
+                drafted=drafted,
             ):
                 planner.observe_step(record)
         return result

@@ -84,6 +84,7 @@ class AdmissionStats:
         self._lock = threading.Lock()
         self._policy: str | None = None
         self._sps_summary: dict[str, Any] | None = None
+        self._draft_gate: dict[str, Any] | None = None
         self.reset()
 
     # ------------------------------------------------------------------ configuration
@@ -97,10 +98,16 @@ class AdmissionStats:
         with self._lock:
             self._sps_summary = None if summary is None else _json_safe(dict(summary))
 
+    def set_draft_gate(self, summary: Mapping[str, Any] | None) -> None:
+        """The draft gate's state (mode, decisions, pauses, probes, learned draft cost); see scheduling/draft_gate.py."""
+        with self._lock:
+            self._draft_gate = None if summary is None else _json_safe(dict(summary))
+
     def reset(self) -> None:
-        """Forget recorded steps (policy and SPS summary are kept)."""
+        """Forget recorded steps (policy, SPS and draft gate summaries are kept)."""
         with self._lock:
             self._steps = 0
+            self._drafted_steps = 0  # steps that ran the draft block (the others were plain anchor-only steps)
             self._request_steps = 0  # sum over steps of the batch size
             self._admitted_draft_sum = 0
             self._admitted_len_counts: list[int] = []
@@ -128,6 +135,7 @@ class AdmissionStats:
         accepted_drafts: Sequence[int] | torch.Tensor | None,
         survival: torch.Tensor | None,
         step_seconds: float | None,
+        drafted: bool = True,
     ) -> None:
         verify = _to_cpu_long(verify_lens)
         num_requests = verify.numel()
@@ -147,6 +155,7 @@ class AdmissionStats:
         accepted_counts = torch.bincount(accepted, minlength=1).tolist() if accepted is not None and num_requests else []
         with self._lock:
             self._steps += 1
+            self._drafted_steps += bool(drafted)
             self._request_steps += num_requests
             self._admitted_draft_sum += int(admitted.sum())
             _add_counts(self._admitted_len_counts, admitted_counts)
@@ -214,6 +223,10 @@ class AdmissionStats:
                 "policy": self._policy,
                 "sps": sps,
                 "steps": self._steps,
+                "drafted_steps": self._drafted_steps,
+                # Share of decode steps that ran the draft block (1.0 without the draft gate).
+                "drafted_step_share": _ratio(self._drafted_steps, self._steps),
+                "draft_gate": None if self._draft_gate is None else dict(self._draft_gate),
                 "mean_admitted_draft_len": _ratio(self._admitted_draft_sum, self._request_steps),
                 "admitted_len_histogram": list(self._admitted_len_counts),
                 "mean_accept_len": _ratio(self._accept_len_sum, self._accept_request_steps),

@@ -47,8 +47,11 @@ def test_default_async_policy_profiles_sps_and_schedules(tiny_pair, launch, nosp
 
 
 @pytest.mark.parametrize("policy", ["exact", "verify-all", "off"])
-def test_every_policy_is_lossless(policy, tiny_pair, launch, nospec_reference):
+def test_every_policy_is_lossless(policy, tiny_pair, launch, nospec_reference, private_cache):
     env = {"SGLANG_DSPARK_ADMISSION": policy}
+    # A table profiled while the machine was busy is not cached (profiler/table_trust.py): only expect a cache hit
+    # when an earlier server of this session stored one.
+    cached_before = any((private_cache / "sps").glob("*"))
     with launch(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), env=env) as server:
         bs1 = generate_all(server, PROMPTS, GREEDY, concurrency=1)
         bs8 = generate_all(server, PROMPTS, GREEDY, concurrency=8)
@@ -62,7 +65,7 @@ def test_every_policy_is_lossless(policy, tiny_pair, launch, nospec_reference):
         assert histogram[0] > 0 and sum(histogram[1:]) == 0  # only anchors verified
     if policy == "verify-all":
         assert histogram[-1] > 0 and sum(histogram[:-1]) == 0
-    if policy == "exact":
+    if policy == "exact" and cached_before:
         # Started after the default server with the same engine settings: the SPS table comes from the disk cache.
         assert "SPS table from cache" in log
 

@@ -1,0 +1,247 @@
+"""Draft only when it pays: the per-step choice between a DSpark step and a plain decode step (pure torch).
+
+A DSpark decode step runs the draft block (one draft forward over ``[x0, MASK × (γ−1)]``, the LM head over the γ
+slots, the serial Markov loop and the confidence head) and then verifies the admitted prefix. The admission search
+(``admission.py``) maximises ``Θ = τ · SPS`` over how many draft tokens to verify, but the draft itself is paid even
+when it admits none. This module adds the missing alternative, "no draft this step":
+
+    Θ(no draft) = R / t_skip(R)                          t_skip(R) = verify(R, R) + overhead of a skipped step
+    Θ(draft)    = max_K (R + Σ_{i<K} a_(i)) · SPS_draft(R, R + K)
+                                                         1/SPS_draft(R, B) = verify(R, B) + overhead of a drafted step
+
+(``a_(i)``: the lagged survivals in descending order, as in the capacity search; the difference of the two overheads
+is the cost of the draft block for R requests.) The step drafts only when ``Θ(draft) > Θ(no draft)``; ties go to the
+plain step. A skipped step is an anchor-only verify: the target's own next token, sampled or greedy by the standard
+rules, so the choice cannot bias the output whatever it looks at (it is made before any draft token of the step
+exists); it is a batch-level choice (all requests draft or none).
+
+While paused nothing new is learned about acceptance (no confidences are produced), so :class:`DraftGate` runs a
+probe (a drafted step) after every ``N`` skipped steps, ``N`` doubling from ``probe_min`` to ``probe_max`` while the
+probes keep saying "pause": a pause costs at most one draft block per ``probe_max + 1`` steps in the long run. The
+probe's confidences reach the capacity decision through the usual lag and bring drafting back when it pays again.
+The skipped-step cost is learned from skipped steps, so until a few have been measured the gate also skips one step
+in ``learn_skip_every`` (a plain decode step: it costs only the drafts it does not verify).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from sglang_dspark.scheduling.admission import _reachable_path_throughput
+from sglang_dspark.scheduling.cost_model import StepCostModel
+
+__all__ = ["GATE_MODES", "DraftChoice", "DraftGate", "GateDecision", "FlatCost", "sanitize_survival", "should_draft"]
+
+# auto: the cost decision below; off: draft every step (the behaviour before the gate); pause: never draft;
+# alternate: draft every other step; comeback: a test cost model (pause first, then drafting pays).
+GATE_MODES = ("auto", "off", "pause", "alternate", "comeback")
+
+
+def sanitize_survival(survival: torch.Tensor) -> torch.Tensor:
+    """Survivals as the capacity search needs them: float64, NaN read as 0, clamped to [0, 1], non-increasing in j.
+
+    Lagged survivals come from relay buffers; a slot never written holds garbage, which must not decide a pause."""
+    a = torch.nan_to_num(survival.detach().to("cpu", torch.float64), nan=0.0, posinf=1.0, neginf=0.0).clamp_(0.0, 1.0)
+    if a.shape[-1] == 0:
+        return a
+    return torch.cummin(a, dim=-1).values
+
+
+@dataclass(frozen=True)
+class DraftChoice:
+    draft: bool
+    capacity: int  # the K that maximises Θ(draft) (draft tokens verified in all, anchors excluded)
+    theta_draft: float  # tokens per second, drafted step with that K
+    theta_skip: float  # tokens per second, plain (anchor-only) step
+
+
+def should_draft(
+    lagged_survival: torch.Tensor,
+    cost_with_draft: StepCostModel,
+    seconds_without_draft: float,
+    num_requests: Optional[int] = None,
+    *,
+    min_survival: float = 0.0,
+) -> DraftChoice:
+    """Compare Θ(no draft) = R / ``seconds_without_draft`` with the best Θ of a drafted step.
+
+    ``lagged_survival``: ``[R, γ]`` survivals known before this step's draft (two steps back in production; a fresh
+    request counts as 1). ``cost_with_draft``: steps per second of a step that drafts and verifies ``B`` tokens
+    (verify forward + the draft block + the rest of the step). ``seconds_without_draft``: the time of a step that
+    skips the draft and verifies the ``R`` anchors only.
+    """
+    survival = sanitize_survival(lagged_survival)
+    rows = survival.shape[-2]
+    num_requests = rows if num_requests is None else int(num_requests)
+    if num_requests <= 0:
+        return DraftChoice(draft=False, capacity=0, theta_draft=0.0, theta_skip=0.0)
+    if not (seconds_without_draft > 0 and math.isfinite(seconds_without_draft)):
+        theta_skip = math.inf if seconds_without_draft == 0 else 0.0
+    else:
+        theta_skip = num_requests / float(seconds_without_draft)
+    if survival.shape[-1] == 0:
+        return DraftChoice(draft=False, capacity=0, theta_draft=0.0, theta_skip=theta_skip)
+    # Θ_K along the greedy order, K = 0..(valid candidates); the first maximum, as capacity_from_survival.
+    theta = _reachable_path_throughput(survival, num_requests, cost_with_draft, min_survival)
+    capacity = int(torch.argmax(theta))
+    theta_draft = float(theta[capacity])
+    return DraftChoice(draft=theta_draft > theta_skip, capacity=capacity, theta_draft=theta_draft,
+                       theta_skip=theta_skip)
+
+
+class FlatCost:
+    """A step cost that does not depend on what is verified (tests, and the ``comeback`` mode)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = float(seconds)
+
+    def steps_per_second(self, num_requests: int, verify_tokens: Union[int, torch.Tensor]):
+        if isinstance(verify_tokens, torch.Tensor):
+            return torch.full(verify_tokens.shape, 1.0 / self.seconds, dtype=torch.float64)
+        return 1.0 / self.seconds
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    draft: bool
+    # pays | pause | probe | no-info | learn-skip | refresh-skip | off | forced
+    reason: str
+    choice: Optional[DraftChoice] = None
+
+
+class DraftGate:
+    """The per-step draft/skip decision with its exploration (see the module docstring). One per planner.
+
+    ``decide`` is called once per decode step, before the draft, with what the host knows then."""
+
+    def __init__(
+        self,
+        mode: str = "auto",
+        *,
+        probe_min: int = 4,
+        probe_max: int = 64,
+        learn_skip_every: int = 16,
+        refresh_skip_every: int = 256,
+        min_skip_samples: int = 3,
+        comeback_steps: int = 48,
+    ) -> None:
+        if mode not in GATE_MODES:
+            raise ValueError(f"unknown draft gate mode {mode!r}; choose one of {', '.join(GATE_MODES)}")
+        if not (1 <= probe_min <= probe_max):
+            raise ValueError(f"need 1 <= probe_min <= probe_max, got {probe_min}, {probe_max}")
+        self.mode = mode
+        self.probe_min = probe_min
+        self.probe_max = probe_max
+        self.learn_skip_every = learn_skip_every
+        self.refresh_skip_every = refresh_skip_every
+        self.min_skip_samples = min_skip_samples
+        self.comeback_steps = comeback_steps
+        self.paused = False
+        self.probe_interval = probe_min
+        self._skipped_since_probe = 0
+        self._drafted_since_skip = 0
+        self.decisions = 0
+        self.drafted = 0
+        self.skipped = 0
+        self.pauses = 0
+        self.resumes = 0
+        self.reasons: dict[str, int] = {}
+        self.last: Optional[GateDecision] = None
+
+    # ------------------------------------------------------------------ decision
+
+    def decide(
+        self,
+        *,
+        lagged_survival: Optional[torch.Tensor],
+        cost_with_draft: Optional[StepCostModel],
+        seconds_without_draft: Optional[float],
+        skip_samples: int = 0,
+        num_requests: Optional[int] = None,
+    ) -> GateDecision:
+        step = self.decisions
+        if self.mode == "off":
+            decision = GateDecision(True, "off")
+        elif self.mode == "pause":
+            decision = GateDecision(False, "forced")
+        elif self.mode == "alternate":
+            decision = GateDecision(step % 2 == 0, "forced")
+        else:
+            if self.mode == "comeback":
+                seconds = 1.0 if seconds_without_draft is None else max(float(seconds_without_draft), 1e-9)
+                if step < self.comeback_steps:
+                    seconds_without_draft = 0.0  # Θ(no draft) = ∞: drafting never pays (probes still run)
+                else:
+                    seconds_without_draft, cost_with_draft = seconds, FlatCost(seconds)  # the draft is free
+                skip_samples = self.min_skip_samples
+            decision = self._decide_auto(lagged_survival, cost_with_draft, seconds_without_draft, skip_samples,
+                                         num_requests)
+        self._count(decision)
+        return decision
+
+    def _decide_auto(self, survival, cost, seconds_without, skip_samples, num_requests) -> GateDecision:
+        if survival is None or cost is None:
+            # Nothing known about acceptance yet (first decode steps): draft, that is how confidences appear.
+            return GateDecision(True, "no-info")
+        learning = seconds_without is None or skip_samples < self.min_skip_samples
+        if seconds_without is None:
+            if self._drafted_since_skip >= self.learn_skip_every:
+                return GateDecision(False, "learn-skip")
+            return GateDecision(True, "no-info")
+        choice = should_draft(survival, cost, seconds_without, num_requests)
+        if choice.draft:
+            if learning and self._drafted_since_skip >= self.learn_skip_every:
+                return GateDecision(False, "learn-skip", choice)
+            if not learning and self._drafted_since_skip >= self.refresh_skip_every:
+                return GateDecision(False, "refresh-skip", choice)
+            return GateDecision(True, "pays", choice)
+        if not self.paused:
+            return GateDecision(False, "pause", choice)
+        if self._skipped_since_probe >= self.probe_interval:
+            return GateDecision(True, "probe", choice)
+        return GateDecision(False, "pause", choice)
+
+    def _count(self, decision: GateDecision) -> None:
+        self.decisions += 1
+        self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
+        if decision.draft:
+            self.drafted += 1
+            self._drafted_since_skip += 1
+        else:
+            self.skipped += 1
+            self._drafted_since_skip = 0
+        if decision.reason == "pause":
+            if not self.paused:
+                self.paused = True
+                self.pauses += 1
+                self.probe_interval = self.probe_min
+                self._skipped_since_probe = 0
+            self._skipped_since_probe += 1
+        elif decision.reason == "probe":
+            self._skipped_since_probe = 0
+            self.probe_interval = min(2 * self.probe_interval, self.probe_max)
+        elif decision.reason == "pays" and self.paused:
+            self.paused = False
+            self.resumes += 1
+            self.probe_interval = self.probe_min
+        self.last = decision
+
+    # ------------------------------------------------------------------ reading
+
+    def summary(self) -> dict:
+        return {
+            "mode": self.mode,
+            "decisions": self.decisions,
+            "drafted": self.drafted,
+            "skipped": self.skipped,
+            "paused": self.paused,
+            "pauses": self.pauses,
+            "resumes": self.resumes,
+            "probes": self.reasons.get("probe", 0),
+            "probe_interval": self.probe_interval,
+            "reasons": dict(self.reasons),
+        }

@@ -1,0 +1,68 @@
+"""End to end: the draft gate (``SGLANG_DSPARK_DRAFT_GATE``) skips the draft block on some steps and stays exact.
+
+A skipped step verifies the anchors only (the target's own next token) and still writes the committed tokens' target
+hidden states into the draft KV, so drafting after a pause starts from the full context: greedy ids must equal the
+non-speculative server's token for token, whatever the pattern of drafted and skipped steps.
+Real CPU servers (stock launcher), tiny fp32 pair.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_dspark.testing.helpers import GREEDY, PROMPTS, assert_same_ids, dspark_args, generate_all
+
+pytestmark = pytest.mark.server
+
+
+def admission_info(server) -> dict:
+    return server.get("/server_info").json()["internal_states"][0]["dspark_admission"]
+
+
+@pytest.mark.parametrize("mode", ["pause", "alternate", "off"])
+def test_forced_pausing_is_exact(mode, tiny_pair, launch, nospec_reference):
+    env = {"SGLANG_DSPARK_DRAFT_GATE": mode}
+    with launch(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), env=env) as server:
+        bs1 = generate_all(server, PROMPTS, GREEDY, concurrency=1)
+        bs8 = generate_all(server, PROMPTS, GREEDY, concurrency=8)
+        info = admission_info(server)
+        log = server.log_text()
+    assert_same_ids([r["output_ids"] for r in bs1], nospec_reference["bs1"], f"draft gate {mode}, bs1")
+    assert_same_ids([r["output_ids"] for r in bs8], nospec_reference["bs8"], f"draft gate {mode}, 8 concurrent")
+    assert info["steps"] > 0
+    if mode == "off":
+        assert info["drafted_step_share"] == 1.0 and info["draft_gate"] is None
+        assert "draft gate: off" in log
+        return
+    gate = info["draft_gate"]
+    assert gate["mode"] == mode and gate["decisions"] == info["steps"]
+    if mode == "pause":
+        # Not one draft block after the prefills: every decode step was a plain anchor-only step.
+        assert info["drafted_steps"] == 0 and info["drafted_step_share"] == 0.0
+        assert info["admitted_len_histogram"][0] > 0 and sum(info["admitted_len_histogram"][1:]) == 0
+        assert info["mean_accept_len"] == 1.0
+    else:
+        assert 0.45 <= info["drafted_step_share"] <= 0.55
+        # Both kinds of step were timed: the draft block's cost is known per request-count bucket.
+        assert gate["draft_ms"]
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])
+def test_drafting_comes_back_after_a_pause(overlap, tiny_pair, launch, nospec_reference):
+    """``comeback``: a test cost model under which drafting loses for the first 48 decode steps (the gate pauses,
+    probing now and then) and then is free. The gate must leave the pause on its own and draft again. Both
+    scheduler paths: overlap (the gate decides with the budget, from the confidence relay) and synchronous (from the
+    host carry ring, before the draft)."""
+    env = {"SGLANG_DSPARK_DRAFT_GATE": "comeback"}
+    args = dspark_args(tiny_pair.draft_dir) + ([] if overlap else ["--disable-overlap-schedule"])
+    with launch(tiny_pair.target_dir, args, env=env) as server:
+        bs8 = generate_all(server, PROMPTS, GREEDY, concurrency=8)
+        info = admission_info(server)
+    assert_same_ids([r["output_ids"] for r in bs8], nospec_reference["bs8"], "comeback, 8 concurrent")
+    gate = info["draft_gate"]
+    assert gate["mode"] == "comeback" and gate["decisions"] > 48
+    assert gate["pauses"] >= 1 and gate["probes"] >= 1  # paused during the first phase, probing
+    assert gate["resumes"] >= 1 and gate["reasons"].get("pays", 0) > 0  # and came back
+    assert gate["paused"] is False
+    assert 0.0 < info["drafted_step_share"] < 1.0
+    assert info["drafted_steps"] >= gate["decisions"] - 48 - 5  # drafting on (nearly) every step after the pause

@@ -1,0 +1,227 @@
+"""Draft only when it pays (scheduling/draft_gate.py): the pure draft/skip decision and its exploration."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sglang_dspark import envs
+from sglang_dspark.engine.step_record import StepRecorder
+from sglang_dspark.scheduling.admission import capacity_from_survival
+from sglang_dspark.scheduling.draft_gate import GATE_MODES, DraftGate, FlatCost, sanitize_survival, should_draft
+from sglang_dspark.scheduling.stats import AdmissionStats
+
+
+class TableCost:
+    """seconds(R, B) from a dict {B: seconds} (R ignored) plus a constant draft-side overhead."""
+
+    def __init__(self, verify_seconds: dict[int, float], overhead: float = 0.0):
+        self.verify_seconds = verify_seconds
+        self.overhead = overhead
+
+    def seconds(self, b: int) -> float:
+        return self.verify_seconds[b] + self.overhead
+
+    def steps_per_second(self, num_requests, verify_tokens):
+        if isinstance(verify_tokens, torch.Tensor):
+            return torch.tensor([1.0 / self.seconds(int(b)) for b in verify_tokens.reshape(-1)],
+                                dtype=torch.float64).reshape(verify_tokens.shape)
+        return 1.0 / self.seconds(int(verify_tokens))
+
+
+# One request, γ = 3. Verify: 10 ms for B = 1, 11 ms for B = 2, 12 ms for B = 3, 13 ms for B = 4.
+VERIFY = {1: 0.010, 2: 0.011, 3: 0.012, 4: 0.013}
+
+
+def test_draft_pays_when_acceptance_covers_its_cost():
+    # Drafted step: verify + 2 ms of rest + 4 ms of draft block = verify + 6 ms; skipped step: 10 + 2 = 12 ms.
+    cost = TableCost(VERIFY, overhead=0.006)
+    survival = torch.tensor([[0.9, 0.8, 0.7]])
+    choice = should_draft(survival, cost, seconds_without_draft=0.012)
+    # Θ_K = (1 + Σ a) / (verify(1 + K) + 6 ms): K=0 62.5, K=1 1.9/17 ms = 111.8, K=2 2.7/18 ms = 150, K=3 3.4/19 ms = 178.9
+    assert choice.capacity == 3
+    assert choice.theta_draft == pytest.approx(3.4 / 0.019)
+    assert choice.theta_skip == pytest.approx(1 / 0.012)
+    assert choice.draft
+
+
+def test_no_draft_when_acceptance_is_low():
+    cost = TableCost(VERIFY, overhead=0.006)
+    survival = torch.tensor([[0.3, 0.15, 0.05]], dtype=torch.float64)
+    choice = should_draft(survival, cost, seconds_without_draft=0.012)
+    # Θ_K: K=0 1/16 ms = 62.5, K=1 1.3/17 ms = 76.5, K=2 1.45/18 ms = 80.6, K=3 1.5/19 ms = 78.9; all < 83.3.
+    assert choice.capacity == 2 and choice.theta_draft == pytest.approx(1.45 / 0.018)
+    assert choice.theta_skip == pytest.approx(83.333, rel=1e-4)
+    assert not choice.draft
+
+
+def test_the_draft_cost_is_what_tips_the_decision():
+    survival = torch.tensor([[0.3, 0.15, 0.05]], dtype=torch.float64)
+    # Same acceptance, draft block free (the drafted and the skipped step share a 2 ms rest): drafting pays,
+    # K=2: 1.45 / 14 ms = 103.6 > 83.3.
+    free = should_draft(survival, TableCost(VERIFY, overhead=0.002), seconds_without_draft=0.012)
+    assert free.draft and free.capacity == 2 and free.theta_draft == pytest.approx(1.45 / 0.014)
+    # The capacity search alone (what the admission policy does) admits two drafts whatever the draft costs: it
+    # never compares with not drafting at all.
+    assert int(capacity_from_survival(survival, TableCost(VERIFY, overhead=0.006), 1)) == 2
+
+
+def test_ties_go_to_the_plain_step():
+    # Draft free and nothing worth verifying: Θ(draft, K=0) == Θ(no draft).
+    choice = should_draft(torch.zeros(2, 3), FlatCost(0.01), seconds_without_draft=0.01)
+    assert choice.capacity == 0 and choice.theta_draft == pytest.approx(choice.theta_skip) and not choice.draft
+
+
+def test_batch_level_decision_uses_every_request():
+    # Two requests: one hopeless, one excellent; verify cost flat per token up to the table, draft 30 % of a step.
+    cost = FlatCost(0.013)  # drafted step, any B
+    low = should_draft(torch.tensor([[0.05, 0.0, 0.0], [0.1, 0.0, 0.0]]), cost, seconds_without_draft=0.010)
+    high = should_draft(torch.tensor([[0.05, 0.0, 0.0], [0.95, 0.9, 0.85]]), cost, seconds_without_draft=0.010)
+    assert not low.draft and high.draft and high.capacity == 4
+
+
+def test_garbage_survival_is_sanitised():
+    raw = torch.tensor([[float("nan"), 2.0, -1.0], [0.5, 0.9, 0.2]])
+    expected = torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.5, 0.2]], dtype=torch.float64)
+    assert torch.allclose(sanitize_survival(raw), expected)
+
+
+def test_seed_article_example_with_and_without_draft_cost():
+    # Seed article: c = 0.95, 0.92, 0.85, 0.30; SPS(1..5) = 1000, 520, 400, 340, 280 (verify only).
+    sps = [1000, 520, 400, 340, 280]
+    survival = torch.tensor([[0.95, 0.95 * 0.92, 0.95 * 0.92 * 0.85, 0.95 * 0.92 * 0.85 * 0.30]])
+    verify = {b: 1 / s for b, s in enumerate(sps, start=1)}
+    choice = should_draft(survival, TableCost(verify), seconds_without_draft=1 / 1000)
+    assert choice.capacity == 3 and choice.theta_draft == pytest.approx(1212.7, abs=0.5) and choice.draft
+    # A 1 ms draft block halves a 1 ms step: Θ(K=3) = 3.567 / (1/340 + 1 ms) = 904.6 < 1000: plain step.
+    choice = should_draft(survival, TableCost(verify, overhead=0.001), seconds_without_draft=1 / 1000)
+    assert not choice.draft and choice.theta_draft == pytest.approx(3.5673 / (1 / 340 + 0.001), rel=1e-3)
+
+
+def _decide(gate, survival, *, cost=FlatCost(0.02), skip=0.01, samples=10):
+    return gate.decide(lagged_survival=survival, cost_with_draft=cost, seconds_without_draft=skip,
+                       skip_samples=samples, num_requests=survival.shape[0] if survival is not None else 1)
+
+
+LOW = torch.tensor([[0.1, 0.0, 0.0]])  # drafted step 20 ms for 1.1 tokens vs 10 ms per token: skip
+HIGH = torch.tensor([[0.99, 0.98, 0.97]])  # 3.94 tokens per 20 ms: draft
+
+
+def test_pause_then_probes_with_doubling_interval_then_resume():
+    gate = DraftGate("auto", probe_min=2, probe_max=8)
+    trace = [_decide(gate, LOW) for _ in range(20)]
+    kinds = ["D" if d.draft else "s" for d in trace]
+    # Paused: probe after 2 skipped steps, then 4, then 8 (capped).
+    assert "".join(kinds) == "ssDssssDssssssssDsss"
+    assert gate.paused and gate.pauses == 1 and gate.reasons["probe"] == 3 and gate.probe_interval == 8
+    # A probe's confidences arrive and say drafting pays: drafting comes back at once.
+    decision = _decide(gate, HIGH)
+    assert decision.draft and decision.reason == "pays"
+    assert not gate.paused and gate.resumes == 1 and gate.probe_interval == 2
+
+
+def test_probe_cost_is_bounded():
+    gate = DraftGate("auto", probe_min=4, probe_max=64)
+    decisions = [_decide(gate, LOW) for _ in range(2000)]
+    drafted = sum(d.draft for d in decisions)
+    assert drafted <= 2000 / 64 + 5  # in the long run one draft block per probe_max + 1 steps
+
+
+def test_no_information_drafts():
+    gate = DraftGate("auto")
+    assert _decide(gate, None).reason == "no-info"
+    assert gate.decide(lagged_survival=LOW, cost_with_draft=None, seconds_without_draft=0.01).draft
+
+
+def test_skip_cost_is_learned_by_occasional_plain_steps():
+    gate = DraftGate("auto", learn_skip_every=4, refresh_skip_every=10)
+    # Skipped-step time unknown: draft, but skip one step in 5 to measure it.
+    trace = [gate.decide(lagged_survival=HIGH, cost_with_draft=FlatCost(0.02), seconds_without_draft=None)
+             for _ in range(10)]
+    assert ["D" if d.draft else "s" for d in trace] == list("DDDDsDDDDs")
+    assert {d.reason for d in trace if not d.draft} == {"learn-skip"}
+    # Known and well sampled: drafting pays, one refresh skip every 10 drafted steps.
+    trace = [_decide(gate, HIGH) for _ in range(22)]
+    assert [i for i, d in enumerate(trace) if not d.draft] == [10, 21]
+    assert trace[10].reason == "refresh-skip"
+
+
+def test_forced_modes():
+    assert all(_decide(DraftGate("off"), LOW).draft for _ in range(3))
+    gate = DraftGate("pause")
+    assert not any(_decide(gate, HIGH).draft for _ in range(5))
+    gate = DraftGate("alternate")
+    assert [_decide(gate, LOW).draft for _ in range(4)] == [True, False, True, False]
+
+
+def test_comeback_mode_pauses_then_drafting_pays():
+    gate = DraftGate("comeback", comeback_steps=10, probe_min=2)
+    first = [_decide(gate, LOW) for _ in range(10)]
+    assert not first[0].draft and any(d.reason == "probe" for d in first) and gate.paused
+    after = _decide(gate, LOW)  # flat cost, free draft: any survivable candidate pays
+    assert after.draft and after.reason == "pays" and gate.resumes == 1
+
+
+def test_gate_modes_match_the_switch():
+    assert envs.DRAFT_GATE.choices == GATE_MODES and envs.DRAFT_GATE.default == "auto"
+    assert envs.DRAFT_GATE in envs.SWITCHES
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="unknown draft gate mode"):
+        DraftGate("sometimes")
+
+
+def test_skipped_steps_are_recorded_as_such():
+    recorder = StepRecorder("cpu")
+    recorder.start()
+    (record,) = recorder.finish(accept_lens=torch.tensor([1, 1]), cap_lens=torch.tensor([1, 1]), confidence=None,
+                                default_verify_len=4, drafted=False)
+    assert record.drafted is False and record.verify_lens == [1, 1]
+    stats = AdmissionStats()
+    stats.record_step(verify_lens=[1, 1], accepted_drafts=[0, 0], survival=None, step_seconds=0.01, drafted=False)
+    stats.record_step(verify_lens=[3, 2], accepted_drafts=[2, 0], survival=None, step_seconds=0.02)
+    summary = stats.summary()
+    assert summary["steps"] == 2 and summary["drafted_steps"] == 1 and summary["drafted_step_share"] == 0.5
+    stats.set_draft_gate({"mode": "auto", "draft_ms": {1: 4.0}})
+    assert stats.summary()["draft_gate"] == {"mode": "auto", "draft_ms": {"1": 4.0}}
+
+
+def test_overheads_learn_apart_and_give_the_draft_cost():
+    from sglang_dspark.profiler.step_overhead import StepOverhead
+
+    drafted, skipped = StepOverhead(), StepOverhead()
+    for _ in range(5):
+        drafted.observe(2, 0.030, 0.012)  # 18 ms besides the verify
+        skipped.observe(2, 0.016, 0.012)  # 4 ms
+    assert skipped.samples(2) == 5 and skipped.samples(8) == 0 and skipped.known(8) is None
+    assert drafted.seconds(2) - skipped.seconds(2) == pytest.approx(0.014)
+    assert not math.isnan(drafted.seconds(2))
+
+
+def test_sync_path_reads_the_newest_carried_confidences_without_shifting():
+    """Without overlap the host carry ring holds the confidences; the gate peeks at the newest slot (any past
+    confidence may decide a skip: the step's draft does not exist yet) and must not move the ring."""
+    from sglang_dspark.engine.planner import AdmissionBudgetPlanner
+
+    planner = AdmissionBudgetPlanner.__new__(AdmissionBudgetPlanner)
+    planner.carry_steps = 2
+    planner._carry_confidence = None
+    planner._carry_pos = 0
+    rows = torch.tensor([3, 1])
+    generation = torch.tensor([5, 7])
+    assert planner.latest_survival(req_pool_indices_cpu=rows, current_generation=generation) is None
+    planner._carry_confidence = torch.zeros(2, 4, 2)
+    planner._carry_generation = torch.zeros(2, 4, dtype=torch.int64)
+    planner._carry_confidence[1, 3] = torch.tensor([0.5, 0.5])  # newest slot: (pos - 1) % 2 == 1
+    planner._carry_generation[1, 3] = 5
+    planner._carry_confidence[1, 1] = torch.tensor([0.9, 0.9])
+    planner._carry_generation[1, 1] = 6  # slot reused by a newer request since: counts as fresh (survival 1)
+    planner._carry_pos = 2
+    survival = planner.latest_survival(req_pool_indices_cpu=rows, current_generation=generation)
+    assert torch.allclose(survival, torch.tensor([[0.5, 0.25], [1.0, 1.0]]))
+    assert planner._carry_pos == 2
+    planner.carry_steps = 0  # overlap: the relay supplies the lag, no ring
+    assert planner.latest_survival(req_pool_indices_cpu=rows, current_generation=generation) is None

@@ -4,6 +4,7 @@
     sglang-dspark tiny-pair OUT_DIR                       build the tiny random test pair
     sglang-dspark explain [--gpu H100] [--device cuda] -- <launch_server args>
                                                           what a server would do: backend, graphs, verify mode, why
+    sglang-dspark loadtest [...]                          load-test servers (= python -m sglang_dspark.loadtest)
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ def _tiny_pair(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["loadtest"]:  # its own parser takes every argument after the subcommand
+        from sglang_dspark.loadtest.runner import main as loadtest_main
+
+        return loadtest_main(argv[1:])
     parser = argparse.ArgumentParser(prog="sglang-dspark")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="serve DSPARK with the stock launcher and answer one request")
@@ -78,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     from sglang_dspark.engine.explain import add_explain_parser
 
     add_explain_parser(sub)
+    sub.add_parser("loadtest", help="sweep load against SGLang servers, frontier PNG (see `loadtest --help`)",
+                   add_help=False)
     args = parser.parse_args(argv)
     if args.command == "demo" and bool(args.model_path) != bool(args.draft_model_path):
         parser.error("--model-path and --draft-model-path go together")

@@ -1,0 +1,341 @@
+"""The request engine and per-level metrics of the load test, shared with ``benchmarks/``.
+
+Requests are SGLang's own: ``sglang.benchmark.serving`` (what ``python -m sglang.bench_serving`` runs) provides the
+streaming OpenAI chat client (``async_request_openai_chat_completions``: TTFT, inter-token gaps, usage), the arrival
+process (``get_request``: Poisson at a request rate, or back to back) and the metric maths (``calculate_metrics``:
+throughput, TTFT / TPOT / ITL / E2E percentiles). This module adds only what a sweep needs around them: a
+concurrency cap, a per-request and a per-level time bound, per-user speed, the accept length of each request and the
+difference of two ``/server_info`` admission snapshots.
+
+Two settings of bench_serving are process-wide (it reads a module-level ``args``): we set them once, and wrap its
+``sglext`` hook so that the per-request speculative details SGLang streams at the end of each response
+(``return_spec_tokens_details``: ``spec_verify_ct``, ``spec_accept_length``) are kept on the request's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import statistics
+import time
+import warnings
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import requests
+
+# What every request asks the server for besides the prompt (OpenAI fields and SGLang's extensions).
+STREAM_EXTRAS = {
+    "stream_options": {"include_usage": True},  # completion_tokens of each request, from the server
+    "return_spec_tokens_details": True,  # per-request verify steps and accept length (speculative servers)
+}
+
+RequestFunc = Callable[..., Awaitable[Any]]
+
+_serving_module = None
+
+
+def serving():
+    """``sglang.benchmark.serving``, set up for our use (imported lazily: it pulls in transformers and SGLang)."""
+    global _serving_module
+    if _serving_module is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from sglang.benchmark import serving as module
+        module.set_global_args(
+            argparse.Namespace(
+                disable_stream=False,
+                disable_ignore_eos=False,  # each request sets ignore_eos itself (extra body)
+                print_requests=False,
+                cache_report=True,  # makes the chat client hand every chunk's sglext to the hook below
+                header=None,
+            )
+        )
+        original = module._extract_cache_from_sglext
+        if not getattr(original, "_sglang_dspark", False):
+
+            def extract_sglext(data, output, _original=original):
+                _original(data, output)
+                details = (data.get("sglext") or {}).get("spec_tokens_details")
+                if isinstance(details, list):  # n > 1: one entry per choice; we send n = 1
+                    details = details[0] if details else None
+                if isinstance(details, dict):
+                    output.spec_accept_length = float(details.get("spec_accept_length") or 0.0)
+                    output.spec_verify_ct = int(details.get("spec_verify_ct") or 0)
+
+            extract_sglext._sglang_dspark = True
+            module._extract_cache_from_sglext = extract_sglext
+        _serving_module = module
+    return _serving_module
+
+
+def _failed(message: str, *, kind: str):
+    output = serving().RequestFuncOutput(success=False, error=message)
+    output.failure_kind = kind  # "timeout" | "not_sent"
+    return output
+
+
+async def run_requests(
+    api_url: str,
+    model: str,
+    prompts: Sequence[str],
+    *,
+    max_tokens: int,
+    concurrency: int | None = None,
+    request_rate: float = math.inf,
+    temperature: float = 0.0,
+    ignore_eos: bool = True,
+    request_timeout: float = 300.0,
+    level_timeout: float = 600.0,
+    request_func: RequestFunc | None = None,
+    pbar=None,
+    extra_body: dict | None = None,
+) -> tuple[list, float]:
+    """Send ``prompts`` (one chat message each) with at most ``concurrency`` in flight and arrivals at
+    ``request_rate`` (Poisson; ``inf``: all at once, the concurrency cap then sets the load). Returns the outputs
+    (bench_serving's ``RequestFuncOutput``, in prompt order) and the wall time from the first send to the last answer.
+
+    Bounded: a request is cut after ``request_timeout`` s, and nothing runs past ``level_timeout`` s after the first
+    send (requests cut there count as timeouts; requests not sent by then as ``not_sent``).
+    """
+    module = serving()
+    request_func = request_func or module.async_request_openai_chat_completions
+    body = {**STREAM_EXTRAS, "temperature": temperature, "ignore_eos": ignore_eos, **(extra_body or {})}
+    rows = [module.DatasetRow(prompt=p, prompt_len=0, output_len=max_tokens) for p in prompts]
+    semaphore = asyncio.Semaphore(concurrency) if concurrency else None
+    start = time.perf_counter()
+    deadline = start + level_timeout
+
+    async def one(row):
+        if semaphore is not None:
+            await semaphore.acquire()
+        try:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                output = _failed(f"not sent: the level's time limit ({level_timeout:g} s) was reached", kind="not_sent")
+            else:
+                limit = min(request_timeout, remaining)
+                request = module.RequestFuncInput(
+                    prompt=row.prompt, api_url=api_url, prompt_len=0, output_len=max_tokens, model=model,
+                    lora_name="", image_data=None, extra_request_body=dict(body),
+                )
+                try:
+                    output = await asyncio.wait_for(request_func(request, pbar=None), timeout=limit)
+                except asyncio.TimeoutError:
+                    output = _failed(f"timeout: no complete answer within {limit:.0f} s", kind="timeout")
+        finally:
+            if semaphore is not None:
+                semaphore.release()
+        if pbar is not None:
+            pbar.update(1)
+        return output
+
+    tasks = []
+    async for row in module.get_request(rows, request_rate):
+        if time.perf_counter() >= deadline:
+            break
+        tasks.append(asyncio.create_task(one(row)))
+    outputs = list(await asyncio.gather(*tasks))
+    for _ in rows[len(tasks):]:
+        outputs.append(_failed("not sent: the level's time limit was reached", kind="not_sent"))
+        if pbar is not None:
+            pbar.update(1)
+    return outputs, time.perf_counter() - start
+
+
+class _WordTokenizer:
+    """Stand-in when the server's tokenizer cannot be loaded here: counts words (only bench_serving's
+    "retokenized" totals use it; throughput uses the server's own completion_tokens)."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[str]:
+        return text.split()
+
+
+def _percentiles(values: list[float], scale: float = 1.0) -> dict | None:
+    if not values:
+        return None
+    import numpy as np
+
+    array = np.asarray(values, dtype=float) * scale
+    return {
+        "mean": float(array.mean()),
+        "p50": float(np.percentile(array, 50)),
+        "p90": float(np.percentile(array, 90)),
+        "p99": float(np.percentile(array, 99)),
+    }
+
+
+def level_metrics(outputs: list, duration: float, tokenizer=None) -> dict:
+    """One level's numbers. Throughput, TTFT / TPOT / ITL / E2E come from bench_serving's ``calculate_metrics``
+    (ITL per token: a streamed chunk carrying k tokens counts as k gaps of 1/k, bench_serving's rule for speculative
+    servers, applied to every configuration so they compare; per chunk when no tokenizer is available).
+
+    per_user_tok_s: median over requests of the decode speed a user sees, (tokens - 1) / (latency - TTFT) = 1/TPOT;
+    per_user_e2e_tok_s: median of tokens / latency (TTFT included). accept_length: generated tokens / verify steps
+    over the level's requests (speculative servers; bonus token included, as SGLang reports it)."""
+    module = serving()
+    ok = [o for o in outputs if o.success]
+    kinds = [getattr(o, "failure_kind", "error") for o in outputs if not o.success]
+    errors = [o.error for o in outputs if not o.success and getattr(o, "failure_kind", "error") == "error"]
+    samples: list[str] = []
+    for message in errors:
+        line = (message.strip().splitlines() or [""])[-1][:300]
+        if line not in samples:
+            samples.append(line)
+    result: dict[str, Any] = {
+        "requests": len(outputs),
+        "completed": len(ok),
+        "errors": kinds.count("error"),
+        "timeouts": kinds.count("timeout"),
+        "not_sent": kinds.count("not_sent"),
+        "error_samples": samples[:3],
+        "duration_s": duration,
+    }
+    if not ok:
+        return result
+    rows = [module.DatasetRow(prompt="", prompt_len=o.prompt_len, output_len=o.output_len) for o in outputs]
+    per_token = tokenizer is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            metrics, _ = module.calculate_metrics(
+                input_requests=rows, outputs=outputs, dur_s=duration, tokenizer=tokenizer or _WordTokenizer(),
+                backend="sglang-oai-chat", accept_length=1.0 if per_token else None,
+            )
+        except ZeroDivisionError:  # a streamed chunk that retokenizes to nothing: fall back to per-chunk gaps
+            per_token = False
+            metrics, _ = module.calculate_metrics(
+                input_requests=rows, outputs=outputs, dur_s=duration, tokenizer=_WordTokenizer(),
+                backend="sglang-oai-chat", accept_length=None,
+            )
+    decode = [(o.output_len - 1) / (o.latency - o.ttft) for o in ok if o.output_len > 1 and o.latency > o.ttft > 0]
+    e2e = [o.output_len / o.latency for o in ok if o.latency > 0]
+    verify_steps = sum(getattr(o, "spec_verify_ct", 0) for o in ok)
+    spec_tokens = sum(o.output_len for o in ok if getattr(o, "spec_verify_ct", 0))
+    result.update(
+        {
+            "output_tokens": int(metrics.total_output),
+            "input_tokens": int(metrics.total_input),
+            "output_tok_s": float(metrics.output_throughput),
+            "request_throughput": float(metrics.request_throughput),
+            "peak_output_tok_s": float(metrics.max_output_tokens_per_s),
+            "achieved_concurrency": float(metrics.concurrency),
+            "per_user_tok_s": statistics.median(decode) if decode else None,
+            "per_user_e2e_tok_s": statistics.median(e2e) if e2e else None,
+            "ttft_ms": _ms(metrics, "ttft"),
+            "tpot_ms": _ms(metrics, "tpot"),
+            "itl_ms": _ms(metrics, "itl"),
+            "itl_unit": "token" if per_token else "chunk",
+            "e2e_latency_ms": _ms(metrics, "e2e_latency"),
+            "accept_length": spec_tokens / verify_steps if verify_steps else None,
+            "verify_steps": verify_steps,
+        }
+    )
+    return result
+
+
+def _ms(metrics, name: str) -> dict:
+    return {
+        "mean": float(getattr(metrics, f"mean_{name}_ms")),
+        "p50": float(getattr(metrics, f"median_{name}_ms")),
+        "p90": float(getattr(metrics, f"p90_{name}_ms")),
+        "p99": float(getattr(metrics, f"p99_{name}_ms")),
+    }
+
+
+# ------------------------------------------------------------------------------------------ server-side snapshots
+
+
+def server_snapshot(base_url: str, timeout: float = 30.0) -> dict:
+    """What ``/server_info`` says about speculation now: the DSPARK admission summary (our worker only) and
+    SGLang's lifetime average accept length. Empty when the server does not answer."""
+    try:
+        info = requests.get(f"{base_url}/server_info", timeout=timeout).json()
+    except (requests.RequestException, ValueError):
+        return {}
+    states = info.get("internal_states") or [{}]
+    state = states[0] if isinstance(states[0], dict) else {}
+    return {
+        "speculative_algorithm": info.get("speculative_algorithm"),
+        "dspark_admission": state.get("dspark_admission"),
+        "avg_spec_accept_length": state.get("avg_spec_accept_length"),
+    }
+
+
+def _diff(after: list | None, before: list | None) -> list[float]:
+    after, before = list(after or []), list(before or [])
+    size = max(len(after), len(before))
+    after += [0] * (size - len(after))
+    before += [0] * (size - len(before))
+    return [a - b for a, b in zip(after, before)]
+
+
+def admission_delta(before: dict | None, after: dict | None) -> dict | None:
+    """The DSPARK admission statistics of the traffic between two ``dspark_admission`` summaries (lifetime
+    counters, so the difference is exactly the level's): verify steps, admitted-length distribution (drafts admitted
+    per request-step, 0..gamma), accepted-length distribution, mean accept length (accepted drafts + the bonus token)
+    and the confidence ECE of that traffic."""
+    if not after:
+        return None
+    before = before or {}
+    admitted = _diff(after.get("admitted_len_histogram"), before.get("admitted_len_histogram"))
+    accepted = _diff(after.get("accepted_len_histogram"), before.get("accepted_len_histogram"))
+    n_admitted, n_accepted = sum(admitted), sum(accepted)
+    bins_after, bins_before = after.get("calibration_bins") or {}, before.get("calibration_bins") or {}
+    count = _diff(bins_after.get("count"), bins_before.get("count"))
+    predicted = _diff(bins_after.get("prediction_sum"), bins_before.get("prediction_sum"))
+    observed = _diff(bins_after.get("label_sum"), bins_before.get("label_sum"))
+    steps = (after.get("steps") or 0) - (before.get("steps") or 0)
+    drafted = (after.get("drafted_steps") or 0) - (before.get("drafted_steps") or 0)
+    return {
+        "policy": after.get("policy"),
+        "steps": steps,
+        # Share of this level's decode steps that ran the draft block (the draft gate skips it where it does not pay).
+        "drafted_step_share": drafted / steps if steps > 0 and "drafted_steps" in after else None,
+        "admitted_len_histogram": admitted,
+        "admitted_len_share": [c / n_admitted for c in admitted] if n_admitted else None,
+        "mean_admitted_draft_len": sum(k * c for k, c in enumerate(admitted)) / n_admitted if n_admitted else None,
+        "accepted_len_histogram": accepted,
+        "mean_accept_len": sum((k + 1) * c for k, c in enumerate(accepted)) / n_accepted if n_accepted else None,
+        "ece": sum(abs(o - p) for p, o in zip(predicted, observed)) / sum(count) if sum(count) > 0 else None,
+    }
+
+
+def measure_level(
+    base_url: str,
+    prompts: Sequence[str],
+    *,
+    concurrency: int | None,
+    max_tokens: int,
+    request_rate: float = math.inf,
+    temperature: float = 0.0,
+    model: str = "default",
+    tokenizer=None,
+    request_timeout: float = 300.0,
+    level_timeout: float = 600.0,
+    request_func: RequestFunc | None = None,
+    snapshot_func: Callable[[], dict] | None = None,
+    pbar=None,
+) -> dict:
+    """One load level against one server, synchronously: requests, metrics and the server-side admission delta
+    (``snapshot_func``: how to read ``/server_info``; default :func:`server_snapshot` of ``base_url``)."""
+    snapshot_func = snapshot_func or (lambda: server_snapshot(base_url))
+    before = snapshot_func()
+    outputs, duration = asyncio.run(
+        run_requests(
+            f"{base_url}/v1/chat/completions", model, prompts, max_tokens=max_tokens, concurrency=concurrency,
+            request_rate=request_rate, temperature=temperature, request_timeout=request_timeout,
+            level_timeout=level_timeout, request_func=request_func, pbar=pbar,
+        )
+    )
+    after = snapshot_func()
+    result = level_metrics(outputs, duration, tokenizer)
+    admission = admission_delta(before.get("dspark_admission"), after.get("dspark_admission"))
+    if admission is not None:
+        result["admission"] = admission
+        if result.get("accept_length") is None:
+            result["accept_length"] = admission["mean_accept_len"]
+    if after.get("avg_spec_accept_length") is not None:
+        result["server_lifetime_accept_length"] = after["avg_spec_accept_length"]
+    return result

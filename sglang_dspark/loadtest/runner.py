@@ -1,0 +1,575 @@
+"""``python -m sglang_dspark.loadtest`` / ``sglang-dspark loadtest``: sweep load against SGLang servers the way
+SGLang users do (OpenAI chat completions, streaming), and draw the throughput / per-user-speed frontier.
+
+Two ways to point it at servers:
+
+* ``--url URL [URL ...]``: servers already running (any SGLang launch; loopback only unless ``--allow-remote``);
+* ``--configs no-spec dspark dspark-upstream ngram`` (default: all four): it launches each configuration itself with
+  the stock ``python -m sglang.launch_server`` on 127.0.0.1, one after another, stops it by PID, and goes on.
+
+Examples::
+
+    python -m sglang_dspark.loadtest                                   # embedded pair, 4 configs, c = 1..64
+    python -m sglang_dspark.loadtest --concurrency 1 4 16 --prompts-per-level 24 --max-tokens 64
+    python -m sglang_dspark.loadtest --url http://127.0.0.1:30000 --request-rate 0.5 1 2
+    python -m sglang_dspark.loadtest --configs no-spec dspark --dataset sharegpt.json
+
+Every level gets fresh prompts (never a prompt sent at an earlier level); every configuration gets the same
+prompts per level. Writes ``loadtest.json`` and ``frontier.png`` into ``--output-dir`` and prints a Markdown table
+with ratios against the first configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import math
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+
+from sglang_dspark.loadtest import engine, prompts as prompt_sets, report
+
+DEFAULT_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
+MAX_CONCURRENCY = 1024
+MAX_LEVELS = 16
+MAX_PROMPTS_PER_LEVEL = 4096
+CONFIG_NAMES = ("no-spec", "dspark", "dspark-verify-all", "dspark-gate-off", "dspark-upstream", "ngram")
+DEFAULT_CONFIGS = ("no-spec", "dspark", "dspark-upstream", "ngram")
+
+
+class LoadTestError(RuntimeError):
+    """A problem the user can fix (server down, wrong URL, model mismatch, bad arguments)."""
+
+
+# ------------------------------------------------------------------------------------------------ configurations
+
+
+@dataclass
+class ServerConfig:
+    name: str
+    label: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def launch_configs(names: list[str], draft: str | None, ngram_draft_tokens: int = 8) -> list[ServerConfig]:
+    draft_args = ["--speculative-algorithm", "DSPARK"]
+    if draft:
+        draft_args += ["--speculative-draft-model-path", str(draft)]
+    table = {
+        "no-spec": ServerConfig("no-spec", "no-spec"),
+        "dspark": ServerConfig("dspark", "DSPARK (sglang-dspark)", draft_args),
+        # Our worker, static mode (every draft verified): what confidence scheduling gains over verifying all.
+        "dspark-verify-all": ServerConfig(
+            "dspark-verify-all", "DSPARK verify-all", draft_args, {"SGLANG_DSPARK_ADMISSION": "verify-all"}
+        ),
+        # Our worker with the draft gate off (draft every step): what the gate gains.
+        "dspark-gate-off": ServerConfig(
+            "dspark-gate-off", "DSPARK draft gate off", draft_args, {"SGLANG_DSPARK_DRAFT_GATE": "off"}
+        ),
+        "dspark-upstream": ServerConfig(
+            "dspark-upstream", "DSPARK upstream static", draft_args, {"SGLANG_DSPARK_WORKER": "upstream"}
+        ),
+        # Same verify width as the embedded draft's block (7 drafts + the anchor).
+        "ngram": ServerConfig(
+            "ngram", "NGRAM",
+            ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(ngram_draft_tokens)],
+        ),
+    }
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise LoadTestError(f"unknown configuration(s) {unknown}: choose from {', '.join(CONFIG_NAMES)}")
+    return [table[n] for n in names]
+
+
+# ------------------------------------------------------------------------------------------------ URLs, servers
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost is not resolved: it could point anywhere
+
+
+def normalize_url(url: str, allow_remote: bool = False) -> str:
+    """The server root of ``url`` (``/v1/chat/completions`` or ``/v1`` dropped), refusing non-loopback hosts
+    unless ``allow_remote``."""
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise LoadTestError(f"{url}: only http:// and https:// URLs are supported")
+    if not parts.hostname:
+        raise LoadTestError(f"{url}: no host in the URL")
+    if not allow_remote and not is_loopback(parts.hostname):
+        raise LoadTestError(
+            f"{url}: {parts.hostname} is not a loopback address; the load test only targets 127.0.0.1/localhost "
+            "unless --allow-remote is given (only load-test servers you run yourself)"
+        )
+    path = parts.path.rstrip("/")
+    for suffix in ("/v1/chat/completions", "/v1"):
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+    return urlunsplit((parts.scheme, parts.netloc, path, "", "")).rstrip("/")
+
+
+@dataclass
+class ServerInfo:
+    url: str
+    model: str
+    model_path: str | None = None
+    tokenizer_path: str | None = None
+    speculative_algorithm: str | None = None
+
+
+def probe_server(base_url: str, model: str | None = None, timeout: float = 10.0) -> ServerInfo:
+    """Check that an SGLang OpenAI-compatible server answers at ``base_url`` and serves ``model``."""
+    try:
+        health = requests.get(f"{base_url}/health", timeout=timeout)
+    except requests.ConnectionError:
+        raise LoadTestError(
+            f"no server answers at {base_url} (connection refused): is it running? Start one with "
+            "`python -m sglang.launch_server ...`, or let the load test launch its own (no --url)"
+        ) from None
+    except requests.Timeout:
+        raise LoadTestError(f"{base_url} did not answer /health within {timeout:g} s (overloaded or hung?)") from None
+    try:
+        listing = requests.get(f"{base_url}/v1/models", timeout=timeout)
+    except requests.RequestException as exc:
+        raise LoadTestError(f"{base_url}/v1/models: {exc}") from None
+    if listing.status_code == 404 or health.status_code == 404:
+        raise LoadTestError(
+            f"{base_url} answers but has no SGLang /health or OpenAI /v1/models (HTTP 404): wrong URL? Give the "
+            "server root, e.g. http://127.0.0.1:30000"
+        )
+    try:
+        served = [entry["id"] for entry in listing.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise LoadTestError(
+            f"{base_url}/v1/models did not return an OpenAI model list (HTTP {listing.status_code}): "
+            "not an OpenAI-compatible server?"
+        ) from None
+    if health.status_code != 200:
+        raise LoadTestError(f"{base_url}/health answered HTTP {health.status_code}: the server is not ready")
+    if not served:
+        raise LoadTestError(f"{base_url} serves no model")
+    if model is not None and model not in served:
+        raise LoadTestError(f"model mismatch: --model {model!r} is not served by {base_url} (it serves {served})")
+    info = ServerInfo(url=base_url, model=model or served[0])
+    try:
+        model_info = requests.get(f"{base_url}/model_info", timeout=timeout).json()
+        info.model_path = model_info.get("model_path")
+        info.tokenizer_path = model_info.get("tokenizer_path")
+    except (requests.RequestException, ValueError, AttributeError):
+        pass
+    info.speculative_algorithm = engine.server_snapshot(base_url, timeout=timeout).get("speculative_algorithm")
+    return info
+
+
+def load_tokenizer(path: str | None):
+    """The server's tokenizer from a local path (never a download); None if there is none."""
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        from sglang.benchmark.utils import get_tokenizer
+
+        return get_tokenizer(path)
+    except Exception:  # noqa: BLE001 - per-chunk ITL is the fallback
+        return None
+
+
+def warm_up(info: ServerInfo, request_timeout: float) -> None:
+    """One short request before measuring; its failure (chat template, model name, ...) stops this server's run."""
+    outputs, _ = asyncio.run(
+        engine.run_requests(
+            f"{info.url}/v1/chat/completions", info.model, [prompt_sets.WARMUP_PROMPT], max_tokens=8,
+            concurrency=1, request_timeout=request_timeout, level_timeout=request_timeout,
+        )
+    )
+    if not outputs[0].success:
+        raise LoadTestError(f"warm-up request to {info.url} failed: {outputs[0].error.strip()[-500:]}")
+
+
+# ------------------------------------------------------------------------------------------------ the sweep
+
+
+def sweep_server(info: ServerInfo, label: str, levels: list[dict], level_prompts: list[list[str]], args, tokenizer,
+                 alive=lambda: True, request_func=None, snapshot_func=None,
+                 results: list | None = None) -> tuple[list[dict], str | None]:
+    """All levels against one server, appended to ``results`` as they finish (an interrupted run keeps them);
+    stops early (returning the reason) when the server goes away."""
+    from tqdm import tqdm
+
+    results = [] if results is None else results
+    for level, prompts in zip(levels, level_prompts):
+        desc = f"{label} {report.level_key(level)}"
+        with tqdm(total=len(prompts), desc=desc, unit="req", leave=False, disable=args.quiet,
+                  file=sys.stderr) as pbar:
+            metrics = engine.measure_level(
+                info.url, prompts, concurrency=level.get("concurrency"),
+                request_rate=level.get("request_rate") or math.inf, max_tokens=args.max_tokens,
+                temperature=args.temperature, model=info.model, tokenizer=tokenizer,
+                request_timeout=args.request_timeout, level_timeout=args.level_timeout,
+                request_func=request_func, snapshot_func=snapshot_func, pbar=pbar,
+            )
+        results.append({**level, "prompts": len(prompts), **metrics})
+        if not args.quiet:
+            print(
+                f"  {desc}: {metrics.get('output_tok_s') or 0:.1f} tok/s, per-user "
+                f"{metrics.get('per_user_tok_s') or 0:.1f} tok/s, accept "
+                f"{metrics.get('accept_length') or float('nan'):.2f}, {metrics['completed']}/{metrics['requests']} ok",
+                file=sys.stderr,
+            )
+        if metrics["completed"] == 0 and not alive():
+            return results, f"the server stopped during {report.level_key(level)}"
+        if metrics["completed"] == 0 and request_func is None:
+            try:
+                requests.get(f"{info.url}/health", timeout=10).raise_for_status()
+            except requests.RequestException as exc:
+                return results, f"the server stopped answering during {report.level_key(level)}: {exc}"
+    return results, None
+
+
+def build_levels(args) -> list[dict]:
+    if args.request_rate:
+        levels = [{"request_rate": float(r), "concurrency": args.max_concurrency} for r in args.request_rate]
+    else:
+        levels = [{"concurrency": int(c)} for c in (args.concurrency or DEFAULT_CONCURRENCY)]
+    if not levels or len(levels) > MAX_LEVELS:
+        raise LoadTestError(f"give 1 to {MAX_LEVELS} load levels")
+    for level in levels:
+        c = level.get("concurrency")
+        if c is not None and not 1 <= c <= MAX_CONCURRENCY:
+            raise LoadTestError(f"concurrency must be within 1..{MAX_CONCURRENCY}, got {c}")
+        if level.get("request_rate") is not None and not level["request_rate"] > 0:
+            raise LoadTestError("request rates must be > 0")
+    return levels
+
+
+def prompts_per_level(args, level: dict) -> int:
+    if args.prompts_per_level:
+        count = args.prompts_per_level
+    elif level.get("request_rate") is not None:
+        count = 32
+    else:
+        count = max(8, 4 * level["concurrency"])
+    if not 1 <= count <= MAX_PROMPTS_PER_LEVEL:
+        raise LoadTestError(f"prompts per level must be within 1..{MAX_PROMPTS_PER_LEVEL}, got {count}")
+    return count
+
+
+def prompt_pool(args) -> list[str]:
+    if args.dataset in (None, "builtin"):
+        return prompt_sets.builtin_prompts(args.seed)
+    try:
+        pool = prompt_sets.load_prompts(args.dataset, args.dataset_format)
+    except (OSError, ValueError) as exc:
+        raise LoadTestError(str(exc)) from None
+    if args.shuffle:
+        import random
+
+        random.Random(args.seed).shuffle(pool)
+    return pool
+
+
+def machine_description() -> dict:
+    cpus = os.cpu_count()
+    description = f"{cpus}-core {platform.machine()} CPU"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            description = torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001
+        pass
+    return {"cpus": cpus, "platform": platform.platform(), "description": description}
+
+
+def run(args, argv: list[str]) -> dict:
+    levels = build_levels(args)
+    counts = [prompts_per_level(args, level) for level in levels]
+    try:
+        level_prompts = prompt_sets.split_for_levels(prompt_pool(args), counts)
+    except ValueError as exc:
+        raise LoadTestError(str(exc)) from None
+    output_dir = Path(args.output_dir or f"loadtest-results/{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    import numpy as np
+
+    np.random.seed(args.seed)  # bench_serving's Poisson arrivals
+    result: dict = {
+        "tool": "sglang-dspark loadtest",
+        "command": "python -m sglang_dspark.loadtest " + shlex.join(argv),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "versions": _versions(),
+        "machine": machine_description(),
+        "settings": {
+            "mode": "request_rate" if args.request_rate else "concurrency",
+            "levels": levels,
+            "prompts_per_level": counts[0] if len(set(counts)) == 1 else counts,
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "ignore_eos": True,
+            "dataset": args.dataset or "builtin",
+            "seed": args.seed,
+            "request_timeout_s": args.request_timeout,
+            "level_timeout_s": args.level_timeout,
+            "endpoint": "/v1/chat/completions (stream)",
+            "fresh_prompts_per_level": True,
+        },
+        "configs": [],
+    }
+    bound = len(levels) * args.level_timeout * (len(args.url) if args.url else len(args.configs))
+    if not args.quiet:
+        print(f"[loadtest] {len(levels)} levels, {sum(counts)} distinct prompts, at most {bound / 60:.0f} min of "
+              f"requests (plus server start-ups); results -> {output_dir}", file=sys.stderr)
+    try:
+        if args.url:
+            _run_urls(args, levels, level_prompts, result)
+        else:
+            _run_launched(args, levels, level_prompts, result)
+    except KeyboardInterrupt:
+        result["interrupted"] = True  # keep what was measured
+        report.write_json(report.add_ratios(result), output_dir / "loadtest.json")
+        raise
+    report.add_ratios(result)
+    json_path = report.write_json(result, output_dir / "loadtest.json")
+    try:
+        png_path = report.write_png(result, output_dir / "frontier.png")
+    except ImportError:
+        png_path = "no PNG (matplotlib is missing: pip install -r requirements/plots.txt)"
+    table = report.markdown_table(result)
+    print(table)
+    print(f"\n{result['command']}")
+    print(f"[loadtest] wrote {json_path} and {png_path}", file=sys.stderr)
+    return result
+
+
+def replot(json_path: str, output_dir: str | None = None) -> int:
+    import json
+
+    try:
+        result = json.loads(Path(json_path).read_text())
+    except (OSError, ValueError) as exc:
+        print(f"sglang-dspark loadtest: error: cannot read {json_path}: {exc}", file=sys.stderr)
+        return 2
+    png = report.write_png(result, Path(output_dir or Path(json_path).parent) / "frontier.png")
+    print(report.markdown_table(result))
+    print(f"\n{result.get('command', '')}")
+    print(f"[loadtest] wrote {png}", file=sys.stderr)
+    return 0
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    versions = {}
+    for name in ("sglang", "sglang-dspark"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _run_urls(args, levels, level_prompts, result) -> None:
+    infos = [probe_server(url, args.model) for url in args.url]
+    models = {info.model_path or info.model for info in infos}
+    if len(models) > 1 and not args.allow_model_mismatch:
+        raise LoadTestError(
+            f"model mismatch: the servers serve different models {sorted(models)}; comparing them is meaningless "
+            "(pass --allow-model-mismatch to do it anyway)"
+        )
+    labels = args.label or [info.url for info in infos]
+    result["settings"]["model_label"] = Path(str(infos[0].model_path or infos[0].model)).name
+    for info, label in zip(infos, labels):
+        entry = {"label": label, "url": info.url, "launched": False, "model": info.model,
+                 "model_path": info.model_path, "speculative_algorithm": info.speculative_algorithm, "levels": []}
+        result["configs"].append(entry)
+        try:
+            warm_up(info, args.request_timeout)
+            tokenizer = load_tokenizer(args.tokenizer or info.tokenizer_path)
+            _, entry["error"] = sweep_server(info, label, levels, level_prompts, args, tokenizer,
+                                             results=entry["levels"])
+        except LoadTestError as exc:
+            entry["error"] = str(exc)
+            print(f"[loadtest] {entry['label']}: {exc}", file=sys.stderr)
+
+
+def _run_launched(args, levels, level_prompts, result) -> None:
+    from sglang_dspark.testing.server import ServerStartError, start_server
+
+    if args.model_path:
+        target, draft = args.model_path, args.draft_model_path
+    else:
+        from sglang_dspark.embedded.defaults import ensure_default_pair
+
+        target, draft = ensure_default_pair()
+    configs = launch_configs(args.configs, draft, args.ngram_draft_tokens)
+    if any(c.name.startswith("dspark") for c in configs) and not draft:
+        print("[loadtest] no --draft-model-path: DSPARK uses the draft SGLang resolves for the target",
+              file=sys.stderr)
+    device = args.device
+    if device == "auto":
+        try:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        except Exception:  # noqa: BLE001
+            device = "cpu"
+    max_c = max((lv.get("concurrency") or 64) for lv in levels)
+    max_total_tokens = args.max_total_tokens or min(131072, max(8192, max_c * (args.max_tokens + 512)))
+    result["settings"].update({"model_label": Path(str(target)).name, "model_path": str(target),
+                               "draft_model_path": str(draft) if draft else None, "device": device,
+                               "max_total_tokens": max_total_tokens, "dtype": args.dtype})
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="sglang-dspark-loadtest-"))
+    tokenizer = load_tokenizer(str(target))
+    for config in configs:
+        server_args = ["--dtype", args.dtype, *config.args, *args.server_arg]
+        entry = {"name": config.name, "label": config.label, "launched": True, "server_args": server_args,
+                 "env": config.env, "levels": []}
+        result["configs"].append(entry)
+        if not args.quiet:
+            print(f"[loadtest] starting {config.label}: python -m sglang.launch_server --model-path {target} "
+                  f"{shlex.join(server_args)} (logs: {log_dir})", file=sys.stderr)
+        try:
+            server = start_server(target, server_args, env=config.env, max_total_tokens=max_total_tokens,
+                                  cpu=device == "cpu", timeout=args.startup_timeout, log_dir=log_dir)
+        except ServerStartError as exc:
+            entry["error"] = f"server did not start: {exc}"
+            print(f"[loadtest] {config.label}: {entry['error']}", file=sys.stderr)
+            continue
+        try:
+            entry["startup_s"] = server.startup_seconds
+            entry["url"] = server.url
+            info = probe_server(server.url)
+            entry["model"] = info.model
+            entry["speculative_algorithm"] = info.speculative_algorithm
+            warm_up(info, args.request_timeout)
+            _, entry["error"] = sweep_server(info, config.label, levels, level_prompts, args, tokenizer,
+                                             alive=server.alive, results=entry["levels"])
+            if entry["error"]:
+                entry["error"] += "\n--- server log tail ---\n" + server.log_tail(30)
+        except LoadTestError as exc:
+            entry["error"] = f"{exc}\n--- server log tail ---\n{server.log_tail(30)}"
+            print(f"[loadtest] {config.label}: {exc}", file=sys.stderr)
+        finally:
+            server.stop()
+
+
+# ------------------------------------------------------------------------------------------------ command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang_dspark.loadtest", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    target = parser.add_argument_group("servers")
+    target.add_argument("--url", nargs="+", help="running servers to test (default: launch --configs here)")
+    target.add_argument("--label", nargs="+", help="one label per --url (default: the URL)")
+    target.add_argument("--allow-remote", action="store_true", help="allow non-loopback --url hosts")
+    target.add_argument("--model", help="served model name to request (checked against /v1/models)")
+    target.add_argument("--allow-model-mismatch", action="store_true",
+                        help="compare --url servers that serve different models")
+    target.add_argument("--tokenizer", help="local tokenizer path for per-token ITL (--url mode)")
+    target.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), choices=CONFIG_NAMES,
+                        help="configurations to launch one after another (default: no-spec dspark dspark-upstream ngram)")
+    target.add_argument("--model-path", help="target model (default: the embedded SmolLM2 pair)")
+    target.add_argument("--draft-model-path", help="DSpark draft for --model-path")
+    target.add_argument("--dtype", default="float32")
+    target.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    target.add_argument("--max-total-tokens", type=int, help="KV cache size of launched servers (default: sized "
+                        "for the largest level)")
+    target.add_argument("--ngram-draft-tokens", type=int, default=8, help="NGRAM verify width (default 8 = the "
+                        "embedded draft's block + 1)")
+    target.add_argument("--server-arg", action="append", default=[],
+                        help="extra launch_server argument for every launched server (repeatable; "
+                             "--server-arg=--flag=value)")
+    target.add_argument("--startup-timeout", type=float, default=600)
+    target.add_argument("--log-dir", help="server logs (default: a temporary folder)")
+    load = parser.add_argument_group("load")
+    sweep = load.add_mutually_exclusive_group()
+    sweep.add_argument("--concurrency", type=int, nargs="+", help="concurrency levels (default 1 2 4 8 16 32 64)")
+    sweep.add_argument("--request-rate", type=float, nargs="+", help="Poisson request rates (req/s) instead")
+    load.add_argument("--max-concurrency", type=int, help="cap on requests in flight in --request-rate mode")
+    load.add_argument("--prompts-per-level", type=int,
+                      help="requests per level (default 4 x concurrency, at least 8; 32 per rate level)")
+    load.add_argument("--max-tokens", type=int, default=128, help="tokens generated per request (EOS ignored)")
+    load.add_argument("--temperature", type=float, default=0.0)
+    load.add_argument("--dataset", default="builtin", help="builtin (default), a JSONL file or a ShareGPT JSON file")
+    load.add_argument("--dataset-format", choices=["auto", "jsonl", "sharegpt"], default="auto")
+    load.add_argument("--shuffle", action="store_true", help="shuffle a --dataset file (seeded)")
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--request-timeout", type=float, default=300, help="seconds before a request counts as "
+                      "timed out")
+    load.add_argument("--level-timeout", type=float, default=600, help="bound on one level's wall time (s)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--output-dir", help="where loadtest.json and frontier.png go (default loadtest-results/DATE)")
+    out.add_argument("--quiet", action="store_true", help="no progress bars")
+    out.add_argument("--replot", metavar="JSON", help="redraw frontier.png and the table from a loadtest.json (no "
+                     "requests)")
+    return parser
+
+
+def _stop_on_sigterm():
+    """SIGTERM (kill PID) unwinds like Ctrl-C, so a launched server is still stopped by its ``finally``. Returns
+    the previous handler (None off the main thread, where handlers cannot be set)."""
+    import signal
+    import threading
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, interrupt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.label and (not args.url or len(args.label) != len(args.url)):
+        parser.error("--label needs one label per --url")
+    if args.url and (args.model_path or args.draft_model_path):
+        parser.error("--model-path/--draft-model-path launch servers; with --url the servers are already running")
+    if args.draft_model_path and not args.model_path:
+        parser.error("--draft-model-path goes with --model-path")
+    if args.max_tokens < 1 or args.request_timeout <= 0 or args.level_timeout <= 0:
+        parser.error("--max-tokens, --request-timeout and --level-timeout must be positive")
+    if args.replot:
+        return replot(args.replot, args.output_dir)
+    previous_handler = _stop_on_sigterm()
+    try:
+        args.url = [normalize_url(url, args.allow_remote) for url in args.url or []]
+        result = run(args, argv)
+    except LoadTestError as exc:
+        print(f"sglang-dspark loadtest: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sglang-dspark loadtest: interrupted (launched servers stopped)", file=sys.stderr)
+        return 130
+    finally:
+        if previous_handler is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous_handler)
+    failed = [c["label"] for c in result["configs"] if c.get("error")]
+    if failed:
+        print(f"sglang-dspark loadtest: {len(failed)} configuration(s) did not complete: {', '.join(failed)} "
+              "(reasons in loadtest.json)", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,357 @@
+"""The load tester without servers: metric maths on synthetic timings, prompt freshness across levels, loopback
+refusal, clear errors, and a whole sweep writing JSON + PNG through a fake request engine."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import statistics
+import threading
+import time
+
+import pytest
+
+from sglang_dspark.loadtest import engine, prompts, runner
+
+
+@pytest.fixture(scope="module")
+def serving():
+    return engine.serving()
+
+
+def output(serving, *, tokens, ttft, gaps, chunks=None, start=0.0, verify=0, success=True):
+    out = serving.RequestFuncOutput(success=success)
+    out.output_len = tokens
+    out.ttft = ttft
+    out.itl = list(gaps)
+    out.text_chunks = list(chunks or ["x"] * len(gaps))
+    out.latency = ttft + sum(gaps)
+    out.start_time = start
+    if verify:
+        out.spec_verify_ct = verify
+    return out
+
+
+class CharTokenizer:
+    """One token per character: a streamed chunk "ab" carries two tokens."""
+
+    def encode(self, text, add_special_tokens=False):
+        return list(text)
+
+
+# ------------------------------------------------------------------------------------------------ metric maths
+
+
+def test_level_metrics_on_synthetic_timings(serving):
+    # Request A: 5 tokens, TTFT 0.1 s, then chunks of 1, 2, 1 tokens after 0.2, 0.4, 0.2 s.
+    a = output(serving, tokens=5, ttft=0.1, gaps=[0.2, 0.4, 0.2], chunks=["a", "bc", "d"], verify=3)
+    # Request B: 3 tokens, TTFT 0.3 s, two 1-token chunks after 0.1 s each.
+    b = output(serving, tokens=3, ttft=0.3, gaps=[0.1, 0.1], chunks=["e", "f"], start=0.05, verify=2)
+    failed = output(serving, tokens=0, ttft=0.0, gaps=[], success=False)
+    failed.error = "Traceback...\naiohttp.ClientConnectorError: refused"
+    timed_out = engine._failed("timeout: no complete answer within 1 s", kind="timeout")
+    m = engine.level_metrics([a, b, failed, timed_out], duration=2.0, tokenizer=CharTokenizer())
+
+    assert (m["requests"], m["completed"], m["errors"], m["timeouts"], m["not_sent"]) == (4, 2, 1, 1, 0)
+    assert m["error_samples"] == ["aiohttp.ClientConnectorError: refused"]
+    assert m["output_tokens"] == 8 and m["output_tok_s"] == pytest.approx(8 / 2.0)
+    # per-user speed = median of (tokens - 1) / (latency - TTFT): A 4/0.8 = 5, B 2/0.2 = 10
+    assert m["per_user_tok_s"] == pytest.approx(statistics.median([5.0, 10.0]))
+    assert m["per_user_e2e_tok_s"] == pytest.approx(statistics.median([5 / 0.9, 3 / 0.5]))
+    assert m["ttft_ms"]["p50"] == pytest.approx(200.0) and m["ttft_ms"]["mean"] == pytest.approx(200.0)
+    assert m["tpot_ms"]["p50"] == pytest.approx(statistics.median([200.0, 100.0]))
+    # Per-token ITL: the 2-token chunk becomes two gaps of 0.2 s -> [0.2, 0.2, 0.2, 0.2, 0.1, 0.1]
+    assert m["itl_unit"] == "token"
+    assert m["itl_ms"]["mean"] == pytest.approx(1000 * 1.0 / 6)
+    assert m["itl_ms"]["p50"] == pytest.approx(200.0)
+    # accept length = generated tokens / verify steps over the level
+    assert m["accept_length"] == pytest.approx(8 / 5) and m["verify_steps"] == 5
+
+
+def test_level_metrics_without_tokenizer_counts_chunks_and_survives_total_failure(serving):
+    a = output(serving, tokens=5, ttft=0.1, gaps=[0.2, 0.4, 0.2], chunks=["a", "bc", "d"])
+    m = engine.level_metrics([a], duration=1.0, tokenizer=None)
+    assert m["itl_unit"] == "chunk" and m["itl_ms"]["mean"] == pytest.approx(1000 * 0.8 / 3)
+    assert m["accept_length"] is None  # no speculative details: a no-spec server
+    dead = engine.level_metrics([engine._failed("timeout", kind="timeout")], duration=1.0)
+    assert dead["completed"] == 0 and dead["timeouts"] == 1 and "output_tok_s" not in dead
+
+
+def test_admission_delta_is_the_traffic_between_snapshots():
+    before = {"policy": "async", "steps": 10, "admitted_len_histogram": [5, 5], "accepted_len_histogram": [8, 2],
+              "calibration_bins": {"count": [4, 0], "prediction_sum": [1.0, 0], "label_sum": [1.0, 0]}}
+    after = {"policy": "async", "steps": 16, "admitted_len_histogram": [6, 5, 0, 4],
+             "accepted_len_histogram": [10, 3, 2],
+             "calibration_bins": {"count": [6, 4], "prediction_sum": [1.5, 3.0], "label_sum": [1.0, 2.0]}}
+    d = engine.admission_delta(before, after)
+    assert d["steps"] == 6
+    assert d["admitted_len_histogram"] == [1, 0, 0, 4]
+    assert d["admitted_len_share"] == [0.2, 0.0, 0.0, 0.8]
+    assert d["mean_admitted_draft_len"] == pytest.approx((0 * 1 + 3 * 4) / 5)
+    assert d["accepted_len_histogram"] == [2, 1, 2]
+    assert d["mean_accept_len"] == pytest.approx((1 * 2 + 2 * 1 + 3 * 2) / 5)  # + the bonus token
+    assert d["ece"] == pytest.approx((0.5 + 1.0) / 6)  # bins differ by (count 2, 4), |label - prediction| 0.5, 1
+    assert d["drafted_step_share"] is None  # a summary without the draft gate's counter
+    assert engine.admission_delta({}, None) is None  # not a DSPARK server of ours
+    gated = engine.admission_delta(dict(before, drafted_steps=10), dict(after, drafted_steps=13))
+    assert gated["drafted_step_share"] == pytest.approx(3 / 6)  # 3 of the level's 6 steps drafted
+
+
+def test_launch_configs_set_the_documented_switches():
+    configs = {c.name: c for c in runner.launch_configs(list(runner.CONFIG_NAMES), draft=None)}
+    assert configs["dspark-verify-all"].env == {"SGLANG_DSPARK_ADMISSION": "verify-all"}
+    assert configs["dspark-gate-off"].env == {"SGLANG_DSPARK_DRAFT_GATE": "off"}
+    assert configs["dspark-upstream"].env == {"SGLANG_DSPARK_WORKER": "upstream"}
+    assert configs["no-spec"].args == [] and "DSPARK" in configs["dspark"].args
+    with pytest.raises(runner.LoadTestError, match="unknown configuration"):
+        runner.launch_configs(["eagle"], draft=None)
+
+
+# ------------------------------------------------------------------------------------------------ request engine
+
+
+def fake_request_func(log, *, delay=0.02, tokens_per_chunk=2, verify=True):
+    state = {"in_flight": 0, "max_in_flight": 0}
+
+    async def request(request_func_input, pbar=None):
+        state["in_flight"] += 1
+        state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
+        start = time.perf_counter()
+        try:
+            await asyncio.sleep(delay)
+            out = engine.serving().RequestFuncOutput(success=True)
+            n = request_func_input.output_len
+            out.output_len = n
+            out.start_time = start
+            out.ttft = delay / 2
+            chunks = max(1, n // tokens_per_chunk)
+            out.itl = [delay / 2 / chunks] * (chunks - 1)
+            out.text_chunks = ["tok " * tokens_per_chunk] * (chunks - 1)
+            out.latency = time.perf_counter() - start
+            if verify:
+                out.spec_verify_ct = chunks
+            log.append((request_func_input.api_url, request_func_input.prompt, request_func_input.model,
+                        request_func_input.extra_request_body))
+            return out
+        finally:
+            state["in_flight"] -= 1
+
+    request.state = state
+    return request
+
+
+def test_run_requests_caps_concurrency_and_sends_stream_extras(serving):
+    log = []
+    func = fake_request_func(log)
+    outputs, duration = asyncio.run(engine.run_requests(
+        "http://127.0.0.1:1/v1/chat/completions", "m", [f"p{i}" for i in range(9)], max_tokens=8, concurrency=3,
+        request_func=func,
+    ))
+    assert len(outputs) == 9 and all(o.success for o in outputs)
+    assert func.state["max_in_flight"] == 3
+    assert duration >= 3 * 0.02
+    body = log[0][3]
+    assert body["stream_options"] == {"include_usage": True} and body["return_spec_tokens_details"] is True
+    assert body["ignore_eos"] is True and body["temperature"] == 0.0
+
+
+def test_run_requests_bounds_time(serving):
+    async def slow(request_func_input, pbar=None):
+        await asyncio.sleep(5)
+
+    outputs, duration = asyncio.run(engine.run_requests(
+        "http://127.0.0.1:1/v1/chat/completions", "m", ["a", "b", "c"], max_tokens=8, concurrency=1,
+        request_func=slow, request_timeout=10, level_timeout=0.3,
+    ))
+    assert duration < 2
+    kinds = [getattr(o, "failure_kind", None) for o in outputs]
+    assert kinds == ["timeout", "not_sent", "not_sent"]
+
+
+def test_sglext_hook_keeps_spec_details(serving):
+    out = serving.RequestFuncOutput()
+    serving._extract_cache_from_sglext(
+        {"choices": [], "sglext": {"spec_tokens_details": {"spec_accept_length": 2.5, "spec_verify_ct": 12}}}, out
+    )
+    assert out.spec_accept_length == 2.5 and out.spec_verify_ct == 12
+    assert serving.args.cache_report is True and serving.args.disable_stream is False
+
+
+# ------------------------------------------------------------------------------------------------ prompts
+
+
+def test_builtin_prompts_are_distinct_and_split_fresh_per_level():
+    pool = prompts.builtin_prompts()
+    assert len(pool) == len(set(pool)) == len(prompts.SUBJECTS) * len(prompts.TASKS)
+    assert prompts.WARMUP_PROMPT not in pool
+    counts = [8, 8, 16, 32, 64, 128, 256]  # the default sweep
+    slices = prompts.split_for_levels(pool, counts)
+    assert [len(s) for s in slices] == counts
+    seen = set()
+    for level in slices:
+        assert not seen & set(level)
+        seen |= set(level)
+    with pytest.raises(ValueError, match="distinct prompts"):
+        prompts.split_for_levels(pool[:10], [8, 8])
+
+
+def test_prompt_files_jsonl_and_sharegpt(tmp_path):
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in [
+        {"prompt": "one"}, {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "two"}]},
+        {"conversations": [{"from": "human", "value": "three"}, {"from": "gpt", "value": "x"}]}, {"prompt": "one"},
+        "four",
+    ]) + "\n\n")
+    assert prompts.load_prompts(jsonl) == ["one", "two", "three", "four"]  # duplicate dropped
+    sharegpt = tmp_path / "sg.json"
+    sharegpt.write_text(json.dumps([
+        {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},
+        {"id": "b", "conversations": [{"from": "gpt", "value": "only"}]},
+    ]))
+    assert prompts.load_prompts(sharegpt) == ["hi"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        prompts.load_prompts(bad)
+
+
+# ------------------------------------------------------------------------------------------------ URLs and errors
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:30000", "localhost:30000", "http://[::1]:30000",
+                                 "http://127.0.0.5:1/v1/chat/completions"])
+def test_loopback_urls_are_accepted(url):
+    base = runner.normalize_url(url)
+    assert base.startswith("http://") and not base.endswith("/v1/chat/completions") and not base.endswith("/")
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.7:30000", "http://example.com:30000", "https://8.8.8.8"])
+def test_non_loopback_urls_are_refused_unless_allowed(url):
+    with pytest.raises(runner.LoadTestError, match="--allow-remote"):
+        runner.normalize_url(url)
+    assert runner.normalize_url(url, allow_remote=True)
+
+
+def test_cli_refuses_remote_url_with_a_clear_error(capsys):
+    from sglang_dspark import cli
+
+    assert cli.main(["loadtest", "--url", "http://192.168.1.20:30000", "--quiet"]) == 2
+    assert "not a loopback address" in capsys.readouterr().err
+
+
+def _serve(routes):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            status, body = routes.get(self.path, (404, "not found"))
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_clear_errors_for_down_server_wrong_url_and_model_mismatch():
+    from sglang_dspark.testing.server import free_port
+
+    with pytest.raises(runner.LoadTestError, match="connection refused"):
+        runner.probe_server(f"http://127.0.0.1:{free_port()}", timeout=2)
+    wrong = _serve({})
+    try:
+        with pytest.raises(runner.LoadTestError, match="wrong URL"):
+            runner.probe_server(f"http://127.0.0.1:{wrong.server_port}", timeout=2)
+    finally:
+        wrong.shutdown()
+    sglang_like = _serve({"/health": (200, ""), "/v1/models": (200, {"data": [{"id": "served-model"}]})})
+    try:
+        url = f"http://127.0.0.1:{sglang_like.server_port}"
+        assert runner.probe_server(url, timeout=2).model == "served-model"
+        with pytest.raises(runner.LoadTestError, match="model mismatch.*served-model"):
+            runner.probe_server(url, model="other-model", timeout=2)
+    finally:
+        sglang_like.shutdown()
+
+
+# ------------------------------------------------------------------------------------------------ a whole sweep
+
+
+def test_sweep_writes_json_png_and_table_with_a_fake_engine(serving, monkeypatch, tmp_path, capsys):
+    log = []
+    monkeypatch.setattr(serving, "async_request_openai_chat_completions", fake_request_func(log))
+    monkeypatch.setattr(runner, "probe_server", lambda url, model=None: runner.ServerInfo(url=url, model="m"))
+    monkeypatch.setattr(runner, "warm_up", lambda info, timeout: None)
+    counter = {"steps": 0}
+
+    def snapshot(url, timeout=30.0):
+        counter["steps"] += 5  # every snapshot sees five more steps, all admitting 2 drafts, 1 accepted
+        n = counter["steps"]
+        return {"dspark_admission": {"policy": "async", "steps": n, "admitted_len_histogram": [0, 0, n],
+                                     "accepted_len_histogram": [0, n]}}
+
+    monkeypatch.setattr(engine, "server_snapshot", snapshot)
+    out_dir = tmp_path / "out"
+    rc = runner.main(["--url", "http://127.0.0.1:1", "http://127.0.0.1:2", "--label", "base", "fast",
+                      "--concurrency", "1", "2", "--prompts-per-level", "3", "--max-tokens", "8",
+                      "--output-dir", str(out_dir), "--quiet"])
+    assert rc == 0
+    result = json.loads((out_dir / "loadtest.json").read_text())
+    assert (out_dir / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [c["label"] for c in result["configs"]] == ["base", "fast"]
+    assert result["settings"]["fresh_prompts_per_level"] and result["baseline"] == "base"
+    for config in result["configs"]:
+        assert [lv["concurrency"] for lv in config["levels"]] == [1, 2]
+        for level in config["levels"]:
+            assert level["completed"] == 3 and level["output_tokens"] == 24
+            assert level["accept_length"] == pytest.approx(2.0)  # 8 tokens / 4 chunks
+            assert level["admission"]["steps"] == 5 and level["admission"]["mean_admitted_draft_len"] == 2.0
+            for key in ("ttft_ms", "tpot_ms", "itl_ms"):
+                assert set(level[key]) == {"mean", "p50", "p90", "p99"}
+            assert level["output_tok_s_ratio"] is not None
+    assert all(lv["output_tok_s_ratio"] == 1.0 for lv in result["configs"][0]["levels"])
+    # Fresh prompts at every level; the same prompts for every server at a level.
+    by_server: dict[str, list[str]] = {}
+    for api_url, prompt, model, _ in log:
+        assert api_url.endswith("/v1/chat/completions") and model == "m"
+        by_server.setdefault(api_url, []).append(prompt)
+    first, second = by_server.values()
+    assert sorted(first) == sorted(second) and len(set(first)) == len(first) == 6
+    level1 = set(first[:3])
+    assert level1 == set(second[:3]) and not level1 & set(first[3:])
+    table = capsys.readouterr().out
+    assert "| fast | c=2 |" in table and "python -m sglang_dspark.loadtest --url" in table
+    # --replot redraws from the JSON alone
+    assert runner.main(["--replot", str(out_dir / "loadtest.json"), "--output-dir", str(tmp_path / "re")]) == 0
+    assert (tmp_path / "re" / "frontier.png").is_file()
+
+
+def test_interrupt_during_server_start_stops_the_half_started_server(monkeypatch, tmp_path):
+    """Ctrl-C / SIGTERM while a launched server starts (the load test's longest wait) leaves no server behind."""
+    import subprocess
+
+    from sglang_dspark.testing import server as server_module
+
+    fake_python = tmp_path / "python"
+    fake_python.write_text("#!/bin/sh\nexec sleep 120\n")
+    fake_python.chmod(0o755)
+    started = []
+
+    class RecordingPopen(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(server_module.subprocess, "Popen", RecordingPopen)
+    monkeypatch.setattr(server_module.requests, "get", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        server_module.start_server("model", python=str(fake_python), log_dir=tmp_path, timeout=30)
+    (process,) = started
+    assert process.poll() is not None  # stopped by PID, not left running

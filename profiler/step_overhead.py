@@ -36,8 +36,13 @@ class StepOverhead:
         log_interval_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         label: str = "step",
+        signed: bool = False,
     ) -> None:
         self.label = label
+        # signed: the learned part may be negative, i.e. a correction of the table's level for the steps actually
+        # served (a table profiled while start-up work shared the cores reads too slow; clamping at 0 would keep
+        # that error, and the draft gate would compare a drafted step against a plain step that looks too slow).
+        self.signed = signed
         self.rate = rate
         self.max_step_fraction = max_step_fraction
         self.log_interval_seconds = log_interval_seconds
@@ -50,7 +55,9 @@ class StepOverhead:
     def observe(self, num_requests: int, measured_seconds: float, verify_seconds: float) -> bool:
         if num_requests < 1 or not math.isfinite(measured_seconds) or measured_seconds <= 0:
             return False
-        sample = max(0.0, measured_seconds - max(0.0, verify_seconds))
+        sample = measured_seconds - max(0.0, verify_seconds)
+        if not self.signed:
+            sample = max(0.0, sample)
         bucket = _bucket(num_requests)
         current = self._seconds.get(bucket)
         if current is None:
@@ -101,11 +108,16 @@ class OverheadAdjustedCost:
         # Online correction of a table that is too slow for the steps served (profiler/table_trust.py).
         self.verify_scale = 1.0
 
+    # A signed overhead lowers the table's level; the step never costs less than this share of the table's verify.
+    MIN_SHARE_OF_TABLE = 0.1
+
     def verify_seconds(self, num_requests: int, verify_tokens: int) -> float:
         return self.verify_scale * self.table.step_seconds(num_requests, int(verify_tokens))
 
     def steps_per_second(self, num_requests: int, verify_tokens: Union[int, torch.Tensor]):
         extra = self.overhead.seconds(num_requests)
         if isinstance(verify_tokens, torch.Tensor):
-            return 1.0 / (self.verify_scale * self.table.step_seconds_tensor(num_requests, verify_tokens) + extra)
-        return 1.0 / (self.verify_seconds(num_requests, verify_tokens) + extra)
+            verify = self.verify_scale * self.table.step_seconds_tensor(num_requests, verify_tokens)
+            return 1.0 / torch.maximum(verify + extra, self.MIN_SHARE_OF_TABLE * verify)
+        verify = self.verify_seconds(num_requests, verify_tokens)
+        return 1.0 / max(verify + extra, self.MIN_SHARE_OF_TABLE * verify)

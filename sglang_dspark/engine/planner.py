@@ -106,8 +106,9 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         self.policy = AdmissionPolicy.from_env()
         self.sps_table = None
         # Non-verify time of a step, learned apart for steps that ran the draft block and steps that skipped it.
-        self.step_overhead = StepOverhead(label="drafted step")
-        self.skip_overhead = StepOverhead(label="skipped-draft step")
+        # Signed: the learned part also corrects the table's level for the steps served (profiler/step_overhead.py).
+        self.step_overhead = StepOverhead(label="drafted step", signed=True)
+        self.skip_overhead = StepOverhead(label="skipped-draft step", signed=True)
         self.draft_gate: Optional[DraftGate] = None  # set by enable_draft_gate (our worker decides if it applies)
         self._gate_pending = None  # (draft_input, GateDecision) decided in prepare_verify_budget (overlap path)
         self.anchor_only = False  # this step skips the draft: verify the anchors only
@@ -248,7 +249,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         """Time of a step that skips the draft: profiled verify of the R anchors + the learned skipped-step rest."""
         if self.skip_overhead.updates == 0 or self.step_cost is None:
             return None
-        return self.step_cost.verify_seconds(num_requests, num_requests) + self.skip_overhead.seconds(num_requests)
+        verify = self.step_cost.verify_seconds(num_requests, num_requests)
+        return max(verify + self.skip_overhead.seconds(num_requests), OverheadAdjustedCost.MIN_SHARE_OF_TABLE * verify)
 
     def _decide(self, survival: Optional[torch.Tensor], num_requests: int) -> GateDecision:
         gate = self.draft_gate

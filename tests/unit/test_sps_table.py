@@ -560,3 +560,27 @@ def test_property_sps_never_rises_with_verify_tokens(case):
         assert all(cells[b] >= times[r][b] for b in cells)
         values = list(cells.values())
         assert values == sorted(values)
+
+
+def test_signed_overhead_corrects_a_table_that_reads_too_slow():
+    """A table profiled while start-up work shared the cores reads every verify too slow. The signed overhead
+    learns the (negative) correction from the steps served, so the cost of a step is what was measured, and the
+    cost never drops below a tenth of the table's verify (a floor against a wild table slope)."""
+    from sglang_dspark.profiler.sps_table import SpsTable
+    from sglang_dspark.profiler.step_overhead import OverheadAdjustedCost, StepOverhead
+
+    table = SpsTable({1: {1: 0.187, 8: 0.195}})  # measured on a busy machine
+    overhead = StepOverhead(signed=True)
+    for _ in range(60):
+        overhead.observe(1, measured_seconds=0.111, verify_seconds=table.step_seconds(1, 1))  # real plain steps
+    assert abs(overhead.seconds(1) - (0.111 - 0.187)) < 1e-3
+    cost = OverheadAdjustedCost(table, overhead)
+    assert abs(1.0 / cost.steps_per_second(1, 1) - 0.111) < 1e-3
+    clamped = StepOverhead(signed=True)
+    clamped.observe(1, measured_seconds=0.001, verify_seconds=0.187)
+    floor = OverheadAdjustedCost(table, clamped)
+    assert abs(1.0 / floor.steps_per_second(1, 1) - 0.1 * 0.187) < 1e-9
+    assert abs(1.0 / float(floor.steps_per_second(1, torch.tensor([1]))[0]) - 0.1 * 0.187) < 1e-9
+    unsigned = StepOverhead()
+    unsigned.observe(1, measured_seconds=0.111, verify_seconds=0.187)
+    assert unsigned.seconds(1) == 0.0  # the admission default keeps its clamp

@@ -191,7 +191,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
 
     def enable_draft_gate(self, mode: str) -> None:
         self.draft_gate = DraftGate(mode)
-        self._publish_gate_state()
+        # Read when /server_info or the metrics ask, not rebuilt on every decode step.
+        get_admission_stats().set_draft_gate(self._gate_state)
 
     def prepare_verify_budget(self, batch, future_map) -> None:
         """Overlap path: the budget of the next step, on the host before its forward; the gate decides here too."""
@@ -266,13 +267,12 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             logger.exception("sglang-dspark: draft gate failed; drafting every step from now on")
             self.draft_gate = None
             return GateDecision(True, "error")
-        self._publish_gate_state()
         return decision
 
-    def _publish_gate_state(self) -> None:
+    def _gate_state(self) -> Optional[dict]:
         gate = self.draft_gate
         if gate is None:
-            return
+            return None
         summary = gate.summary()
         drafted = self.step_overhead.summary()
         skipped = self.skip_overhead.summary()
@@ -288,7 +288,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
                 "theta_skip": last.choice.theta_skip,
                 "capacity": last.choice.capacity,
             }
-        get_admission_stats().set_draft_gate(summary)
+        return summary
 
     def resolve_verify_token_budget(self, **kwargs):
         if self.anchor_only:

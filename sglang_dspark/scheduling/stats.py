@@ -98,10 +98,16 @@ class AdmissionStats:
         with self._lock:
             self._sps_summary = None if summary is None else _json_safe(dict(summary))
 
-    def set_draft_gate(self, summary: Mapping[str, Any] | None) -> None:
-        """The draft gate's state (mode, decisions, pauses, probes, learned draft cost); see scheduling/draft_gate.py."""
+    def set_draft_gate(self, summary: "Mapping[str, Any] | Callable[[], Mapping[str, Any] | None] | None") -> None:
+        """The draft gate's state (mode, decisions, pauses, probes, learned draft cost); see scheduling/draft_gate.py.
+
+        A callable is read when a summary is asked for (``/server_info``, metrics), not on every decode step."""
         with self._lock:
-            self._draft_gate = None if summary is None else _json_safe(dict(summary))
+            self._draft_gate = summary if summary is None or callable(summary) else _json_safe(dict(summary))
+
+    def _draft_gate_summary(self) -> dict[str, Any] | None:
+        gate = self._draft_gate() if callable(self._draft_gate) else self._draft_gate
+        return None if gate is None else _json_safe(dict(gate))
 
     def reset(self) -> None:
         """Forget recorded steps (policy, SPS and draft gate summaries are kept)."""
@@ -226,7 +232,7 @@ class AdmissionStats:
                 "drafted_steps": self._drafted_steps,
                 # Share of decode steps that ran the draft block (1.0 without the draft gate).
                 "drafted_step_share": _ratio(self._drafted_steps, self._steps),
-                "draft_gate": None if self._draft_gate is None else dict(self._draft_gate),
+                "draft_gate": self._draft_gate_summary(),
                 "mean_admitted_draft_len": _ratio(self._admitted_draft_sum, self._request_steps),
                 "admitted_len_histogram": list(self._admitted_len_counts),
                 "mean_accept_len": _ratio(self._accept_len_sum, self._accept_request_steps),

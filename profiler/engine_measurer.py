@@ -43,6 +43,10 @@ class ObtainedSpsTable:
     seconds: float
 
 
+# Start-up time given to SPS profiling (calibration forwards and grid; the trust check's two forwards come on top).
+PROFILING_BUDGET_SECONDS = 2.0
+
+
 def make_verify_forward_measurer(model_runner, plan: ProbePlan) -> Callable[[int, int], float]:
     """``measure(R, B) -> seconds`` of one TARGET_VERIFY forward of probe (R, B) of ``plan``.
 
@@ -130,7 +134,7 @@ def obtain_sps_table(
     gamma: int,
     max_requests: int,
     upstream_table_path: Optional[str],
-    time_budget_seconds: float = 2.0,
+    time_budget_seconds: float = PROFILING_BUDGET_SECONDS,
 ) -> ObtainedSpsTable:
     """The SPS table for this engine: upstream's JSON if given, else the on-disk cache, else profile now.
     Under TP every rank returns the same table (rank 0 reads the cache, plans, and broadcasts)."""

@@ -324,9 +324,10 @@ def fit_schedule_to_budget(
 
     ``make_plan(max_probes)`` builds a grid of at most that many probes (``make_probe_plan`` with the server's
     settings, tiers included, so a thinner grid is still runnable under graphs). Start-up must stay short (target:
-    under 10 % of server start-up). The cost of a probe is estimated from two measured ones (smallest and largest
-    verify batch, linear in B between them, after one discarded call for first-use allocations); then, in order, we
-    drop repeats, drop per-probe warm-ups, and finally thin the grid. The table's interpolation covers what a thinner
+    under 10 % of server start-up); the three calibration forwards are charged to the budget. The cost of a probe
+    is estimated from two measured ones (smallest and largest verify batch, linear in B between them, after one
+    discarded call for first-use allocations); then, in order, we drop repeats, drop per-probe warm-ups, and finally
+    thin the grid. The table's interpolation covers what a thinner
     grid skips, and online refinement corrects it while serving.
 
     Under TP pass the collective measure of :func:`sglang_dspark.profiler.tp_consensus.profile_consistently`: the
@@ -336,9 +337,11 @@ def fit_schedule_to_budget(
     probes = list(plan.probes())
     smallest = min(probes, key=lambda p: p[1])
     largest = max(probes, key=lambda p: p[1])
-    measure(*largest)  # first-call allocations
+    first_call = measure(*largest)  # first-call allocations
     t_small, t_large = measure(*smallest), measure(*largest)
     span = max(1, largest[1] - smallest[1])
+    # The calibration forwards are start-up time too: the grid gets what they left of the budget.
+    budget_seconds = max(0.0, budget_seconds - (first_call + t_small + t_large))
 
     def one_pass(candidate: ProbePlan) -> float:
         return sum(t_small + (t_large - t_small) * (b - smallest[1]) / span for _, b in candidate.probes())

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from sglang_dspark.profiler.engine_measurer import PROFILING_BUDGET_SECONDS
 from sglang_dspark.testing.helpers import GREEDY, PROMPTS, assert_same_ids, dspark_args, generate_all, steep_sps_table
 
 pytestmark = pytest.mark.server
@@ -43,7 +44,11 @@ def test_default_async_policy_profiles_sps_and_schedules(tiny_pair, launch, nosp
     profiled = [line for line in log.splitlines() if "sglang-dspark admission: policy=async" in line]
     assert profiled, "the SPS table line is missing from the log"
     seconds = float(profiled[0].split(" in ")[1].split(" s ")[0])
-    assert seconds < 0.10 * startup, f"SPS took {seconds:.2f} s of a {startup:.1f} s start-up"
+    # The profiler fits its grid to a fixed budget (calibration forwards included); the factor 2 leaves room for a
+    # noisy machine and the trust check's forwards, and still fails if the budget is ignored (the full grid with
+    # repeats takes several times longer on this pair) or profiling dominates the start-up.
+    assert seconds <= 2 * PROFILING_BUDGET_SECONDS, f"SPS took {seconds:.2f} s, budget {PROFILING_BUDGET_SECONDS} s"
+    assert seconds < 0.25 * startup, f"SPS took {seconds:.2f} s of a {startup:.1f} s start-up"
 
 
 @pytest.mark.parametrize("policy", ["exact", "verify-all", "off"])

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import sglang_dspark.cpu.sgl_kernel_standin as sk
+from sglang_dspark.cpu.sgl_kernel_standin import attention as attention_impl
 from sglang_dspark.cpu.sgl_kernel_standin import speculative as sk_spec
 
 OPS = torch.ops.sgl_kernel
@@ -474,6 +475,17 @@ class _Batch:
             self.k_buffer[slots_b] = self.k[s0 : s0 + E]
             self.v_buffer[slots_b] = self.v[s0 : s0 + E]
 
+    def select(self, b):
+        """Request b as a batch of its own (same buffers and pool row)."""
+        alone = object.__new__(_Batch)
+        E, s0 = int(self.ext[b]), int(self.start[b])
+        alone.seq_lens, alone.ext = self.seq_lens[b : b + 1], self.ext[b : b + 1]
+        alone.start = torch.zeros(1, dtype=torch.int32)
+        alone.rpi, alone.req_to_token = self.rpi[b : b + 1], self.req_to_token
+        alone.k_buffer, alone.v_buffer = self.k_buffer, self.v_buffer
+        alone.q, alone.k, alone.v = (t[s0 : s0 + E] for t in (self.q, self.k, self.v))
+        return alone
+
     def keys(self, b):
         idx = self.req_to_token[self.rpi[b], : int(self.seq_lens[b])].long()
         return self.k_buffer[idx], self.v_buffer[idx]
@@ -519,14 +531,39 @@ def _check_extend(batch, out, *, scale, visible_fn, cap=0.0, sinks=None, atol=1e
             torch.testing.assert_close(out[s0 + i].double(), ref, atol=atol, rtol=atol)
 
 
-EXT_CASE = dict(seq_lens=[5, 3, 20, 2], ext_lens=[1, 3, 8, 2])  # ragged extend, one request without prefix
+# Ragged extend, one request without prefix; every extend is short, so the batch takes the padded batched path.
+EXT_CASE = dict(seq_lens=[5, 3, 20, 2], ext_lens=[1, 3, 8, 2])
+# One extend longer than SHORT_EXTEND_ROWS: the per-request loop (prefill).
+LONG_EXT_CASE = dict(seq_lens=[30, 5, 40], ext_lens=[20, 3, 17])
 
 
+@pytest.mark.parametrize("case", [EXT_CASE, LONG_EXT_CASE], ids=["short-batched", "long-per-request"])
 @pytest.mark.parametrize("pass_kv", [True, False])
-def test_extend_attention_causal_ragged(gen, pass_kv):
-    batch = _Batch(gen, **EXT_CASE)
+def test_extend_attention_causal_ragged(gen, pass_kv, case):
+    assert (max(case["ext_lens"]) <= attention_impl.SHORT_EXTEND_ROWS) == (case is EXT_CASE)
+    batch = _Batch(gen, **case)
     out = _run_extend(batch, scale=0.25, pass_kv=pass_kv)
     _check_extend(batch, out, scale=0.25, visible_fn=lambda b, P, i, j: j <= P + i)
+
+
+@pytest.mark.parametrize("options", [
+    dict(), dict(is_causal=False), dict(window=3), dict(cap=2.0, sinks=True), dict(pass_kv=False, window=5),
+], ids=["causal", "non-causal", "window", "cap-sinks", "buffer-kv-window"])
+def test_short_extend_batched_equals_one_request_at_a_time(gen, options):
+    """The padded batched path (lengths far apart, so several padding groups; a request extending by 0 rows) gives
+    what the per-request loop gives for each request alone."""
+    options = dict(options)
+    sinks = torch.randn(H, generator=gen) if options.pop("sinks", False) else None
+    seq_lens, ext_lens = [9, 4, 40, 1, 23, 16, 7], [4, 1, 16, 1, 0, 9, 7]
+    batch = _Batch(gen, seq_lens=seq_lens, ext_lens=ext_lens)
+    together = _run_extend(batch, scale=0.3, sinks=sinks, **options)
+    for b in range(len(seq_lens)):
+        E, s0 = ext_lens[b], int(batch.start[b])
+        if E == 0:
+            continue
+        alone = _Batch.select(batch, b)
+        torch.testing.assert_close(together[s0 : s0 + E], _run_extend(alone, scale=0.3, sinks=sinks, **options),
+                                   atol=1e-6, rtol=1e-6)
 
 
 def test_extend_attention_non_causal_encoder_only(gen):

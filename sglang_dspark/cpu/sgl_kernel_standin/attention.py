@@ -29,10 +29,10 @@ Semantics (per request b, ``L = seq_lens[b]``):
 * All arithmetic in fp32; the output is cast to the output tensor's dtype. ``attn_logits`` (the C++
   kernel's split-KV scratch) and ``max_len_extend`` are accepted and not needed.
 
-Implementation: one SDPA call per request (extend) or per batch chunk (decode, padded to the longest
-request with a key mask), in fp32 with an explicit boolean mask; when a logit cap or sinks are present, or
-a row has no visible key, an explicit grouped-query softmax is used instead. Query rows are chunked so
-that no score/mask matrix exceeds ~64 MiB.
+Implementation: one SDPA call per request (extend), or per group of requests padded to the longest one with
+a key mask (decode, and extends of at most ``SHORT_EXTEND_ROWS`` rows per request without a tree mask), in fp32
+with an explicit boolean mask; when a logit cap or sinks are present, or a row has no visible key, an explicit
+grouped-query softmax is used instead. Query rows are chunked so that no score/mask matrix exceeds ~64 MiB.
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ from .registry import define_op, traced
 
 # Elements of the largest score (or padded K) block materialised at once: 2**24 fp32 = 64 MiB.
 _BLOCK_ELEMS = 1 << 24
+# Extends up to this many rows per request (verify windows, draft blocks, anchor-only steps) run as one padded
+# attention call per group of requests, like decode; one call per request costs several times more on a CPU at
+# 16 requests. Longer extends (prefill) keep the per-request loop, where padding would waste work.
+SHORT_EXTEND_ROWS = 16
 
 EXTEND_SCHEMA = (
     "extend_attention_cpu(Tensor q_extend, Tensor? k_extend, Tensor? v_extend, Tensor(a!) o_extend, "
@@ -209,6 +213,13 @@ def extend_attention_cpu(
         if tree_flat.numel() < off:
             raise ValueError(f"tree_mask has {tree_flat.numel()} entries, the batch needs {off}")
 
+    if tree_flat is None and not is_cross_attn and bs > 1 and 0 < max(ext) <= SHORT_EXTEND_ROWS:
+        _extend_short_batched(
+            q_extend, k_extend, v_extend, o_extend, kbuf, vbuf, key_scale, value_scale, req_to_token,
+            seq, ext, start, rpi, enc, sm_scale, cap, window, sinks, is_causal,
+        )
+        return
+
     for b in range(bs):
         E, L = ext[b], seq[b]
         if E <= 0:
@@ -262,6 +273,81 @@ def extend_attention_cpu(
                 q[None, r0:r1], keys[None], vals[None], None if mask is None else mask[None], sm_scale, cap, sinks
             )
             o_extend[s0 + r0 : s0 + r1] = out[0].reshape(r1 - r0, *o_extend.shape[1:]).to(o_extend.dtype)
+
+
+def _extend_short_batched(
+    q_extend: torch.Tensor,
+    k_extend: Optional[torch.Tensor],
+    v_extend: Optional[torch.Tensor],
+    o_extend: torch.Tensor,
+    kbuf: torch.Tensor,
+    vbuf: torch.Tensor,
+    key_scale: float,
+    value_scale: float,
+    req_to_token: torch.Tensor,
+    seq: List[int],
+    ext: List[int],
+    start: List[int],
+    rpi: List[int],
+    enc: Optional[List[int]],
+    sm_scale: float,
+    cap: float,
+    window: int,
+    sinks: Optional[torch.Tensor],
+    is_causal: bool,
+) -> None:
+    """Extend attention for a batch of short extends (speculative verify, draft blocks, anchor-only steps): the
+    requests padded into one attention call per group, as decode does, instead of one call per request.
+
+    Same semantics as the per-request loop (causal or not, sliding window, logit cap, sinks; K/V of the extend rows
+    from ``k_extend``/``v_extend`` when given, else from the buffers). Padded query rows see key 0 only (so every
+    row stays live and SDPA's fast path is taken) and are never written back."""
+    dev = q_extend.device
+    num_heads, head_dim = q_extend.shape[-2], q_extend.shape[-1]
+    v_head_dim = o_extend.shape[-1]
+    width = req_to_token.shape[1]
+    max_rows = max(ext)
+    per_key = max(kbuf.shape[1] * max(head_dim, v_head_dim), num_heads * max_rows)
+    live = [b for b in range(len(seq)) if ext[b] > 0]
+    for group in _decode_groups([seq[b] for b in live], per_key):
+        rows = [live[i] for i in group]
+        lens = torch.tensor([seq[b] for b in rows], dtype=torch.int64, device=dev)
+        extend = torch.tensor([ext[b] for b in rows], dtype=torch.int64, device=dev)
+        prefix = lens - extend
+        base = torch.tensor([enc[b] if enc is not None else 0 for b in rows], dtype=torch.int64, device=dev)
+        g, key_len, q_len = len(rows), int(lens.max()), int(extend.max())
+        key_pos = torch.arange(key_len, device=dev)[None, :]
+        key_valid = key_pos < lens[:, None]
+        cols = (base[:, None] + key_pos).clamp_(max=width - 1)
+        table = req_to_token[torch.tensor([rpi[b] for b in rows], dtype=torch.int64, device=dev)]
+        idx = torch.where(key_valid, torch.gather(table, 1, cols).to(torch.int64), 0)
+        keys, vals = _load(kbuf, idx, key_scale), _load(vbuf, idx, value_scale)  # [g, key_len, Hkv, D]
+
+        # Query rows: request r's row i (i < E_r) is q_extend[start_r + i]; padded rows read row start_r.
+        row_pos = torch.arange(q_len, device=dev)[None, :]
+        row_valid = row_pos < extend[:, None]
+        first_row = torch.tensor([start[b] for b in rows], dtype=torch.int64, device=dev)
+        src = first_row[:, None] + torch.where(row_valid, row_pos, 0)
+        if k_extend is not None and v_extend is not None:
+            # The extend rows' K/V as given (not re-read from the buffers), at key positions prefix_r + i.
+            dest = (torch.arange(g, device=dev)[:, None] * key_len + prefix[:, None] + row_pos)[row_valid]
+            keys.view(g * key_len, *keys.shape[2:])[dest] = (
+                k_extend[src[row_valid]].reshape(-1, *keys.shape[2:]).to(torch.float32)
+            )
+            vals.view(g * key_len, *vals.shape[2:])[dest] = (
+                v_extend[src[row_valid]].reshape(-1, *vals.shape[2:]).to(torch.float32)
+            )
+        q = q_extend[src.reshape(-1)].to(torch.float32).view(g, q_len, num_heads, head_dim)
+
+        q_pos = (prefix[:, None] + row_pos)[:, :, None]  # [g, q_len, 1]
+        mask = key_valid[:, None, :].expand(g, q_len, key_len)
+        if is_causal:
+            mask = mask & (key_pos[:, None, :] <= q_pos)
+        if window > 0:
+            mask = mask & (key_pos[:, None, :] > q_pos - window)
+        mask = torch.where(row_valid[:, :, None], mask, key_pos[:, None, :] == 0)
+        out = _attend(q, keys, vals, None if bool(mask.all()) else mask, sm_scale, cap, sinks)
+        o_extend.index_copy_(0, src[row_valid], out[row_valid].reshape(-1, *o_extend.shape[1:]).to(o_extend.dtype))
 
 
 @traced("decode_attention_cpu")

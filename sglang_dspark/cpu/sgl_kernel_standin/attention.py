@@ -37,6 +37,7 @@ grouped-query softmax is used instead. Query rows are chunked so that no score/m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Optional
 
 import torch
@@ -275,6 +276,68 @@ def extend_attention_cpu(
             o_extend[s0 + r0 : s0 + r1] = out[0].reshape(r1 - r0, *o_extend.shape[1:]).to(o_extend.dtype)
 
 
+@dataclass(frozen=True)
+class _ShortExtendGroup:
+    """One padded attention call of :func:`_extend_short_batched`: everything that depends only on the batch's
+    lengths and masks, the same for every layer of a forward (the K/V slots are read per call)."""
+
+    pool_rows: torch.Tensor  # [g] req_to_token rows of the group's requests
+    key_cols: torch.Tensor  # [g, key_len] req_to_token columns of key positions (clamped; padding masked)
+    key_valid: torch.Tensor  # [g, key_len] key position < seq_len
+    query_src: torch.Tensor  # [g, q_len] rows of q_extend (padded rows repeat the request's first row)
+    row_valid: torch.Tensor  # [g, q_len] row < extend length
+    extend_dest: torch.Tensor  # flat [g * key_len] positions of the extend rows' keys, in row_valid order
+    mask: Optional[torch.Tensor]  # [g, q_len, key_len] visible keys, None when all are
+
+
+def _short_extend_plan(
+    seq: List[int], ext: List[int], start: List[int], rpi: List[int], enc: Optional[List[int]],
+    width: int, per_key: int, is_causal: bool, window: int, device: torch.device,
+) -> List[_ShortExtendGroup]:
+    key = (tuple(seq), tuple(ext), tuple(start), tuple(rpi), None if enc is None else tuple(enc),
+           width, per_key, is_causal, window, str(device))
+    cached = _SHORT_EXTEND_PLAN_CACHE.get(key)
+    if cached is not None:
+        return cached
+    groups = []
+    live = [b for b in range(len(seq)) if ext[b] > 0]
+    for group in _decode_groups([seq[b] for b in live], per_key):
+        rows = [live[i] for i in group]
+        lens = torch.tensor([seq[b] for b in rows], dtype=torch.int64, device=device)
+        extend = torch.tensor([ext[b] for b in rows], dtype=torch.int64, device=device)
+        prefix = lens - extend
+        base = torch.tensor([enc[b] if enc is not None else 0 for b in rows], dtype=torch.int64, device=device)
+        g, key_len, q_len = len(rows), int(lens.max()), int(extend.max())
+        key_pos = torch.arange(key_len, device=device)[None, :]
+        key_valid = key_pos < lens[:, None]
+        row_pos = torch.arange(q_len, device=device)[None, :]
+        row_valid = row_pos < extend[:, None]
+        first_row = torch.tensor([start[b] for b in rows], dtype=torch.int64, device=device)
+        q_pos = (prefix[:, None] + row_pos)[:, :, None]  # [g, q_len, 1]
+        mask = key_valid[:, None, :].expand(g, q_len, key_len)
+        if is_causal:
+            mask = mask & (key_pos[:, None, :] <= q_pos)
+        if window > 0:
+            mask = mask & (key_pos[:, None, :] > q_pos - window)
+        # Padded query rows see key 0 only: every row stays live, so SDPA's fast path is taken.
+        mask = torch.where(row_valid[:, :, None], mask, key_pos[:, None, :] == 0)
+        groups.append(_ShortExtendGroup(
+            pool_rows=torch.tensor([rpi[b] for b in rows], dtype=torch.int64, device=device),
+            key_cols=(base[:, None] + key_pos).clamp_(max=width - 1),
+            key_valid=key_valid,
+            query_src=first_row[:, None] + torch.where(row_valid, row_pos, 0),
+            row_valid=row_valid,
+            extend_dest=(torch.arange(g, device=device)[:, None] * key_len + prefix[:, None] + row_pos)[row_valid],
+            mask=None if bool(mask.all()) else mask,
+        ))
+    _SHORT_EXTEND_PLAN_CACHE.clear()  # one forward's plan at a time: its layers all ask for the same one
+    _SHORT_EXTEND_PLAN_CACHE[key] = groups
+    return groups
+
+
+_SHORT_EXTEND_PLAN_CACHE: dict = {}
+
+
 def _extend_short_batched(
     q_extend: torch.Tensor,
     k_extend: Optional[torch.Tensor],
@@ -300,54 +363,31 @@ def _extend_short_batched(
     requests padded into one attention call per group, as decode does, instead of one call per request.
 
     Same semantics as the per-request loop (causal or not, sliding window, logit cap, sinks; K/V of the extend rows
-    from ``k_extend``/``v_extend`` when given, else from the buffers). Padded query rows see key 0 only (so every
-    row stays live and SDPA's fast path is taken) and are never written back."""
-    dev = q_extend.device
+    from ``k_extend``/``v_extend`` when given, else from the buffers). The padding plan depends only on lengths
+    and is built once per forward (every layer asks for the same one); the K/V slots are read on every call."""
     num_heads, head_dim = q_extend.shape[-2], q_extend.shape[-1]
-    v_head_dim = o_extend.shape[-1]
-    width = req_to_token.shape[1]
-    max_rows = max(ext)
-    per_key = max(kbuf.shape[1] * max(head_dim, v_head_dim), num_heads * max_rows)
-    live = [b for b in range(len(seq)) if ext[b] > 0]
-    for group in _decode_groups([seq[b] for b in live], per_key):
-        rows = [live[i] for i in group]
-        lens = torch.tensor([seq[b] for b in rows], dtype=torch.int64, device=dev)
-        extend = torch.tensor([ext[b] for b in rows], dtype=torch.int64, device=dev)
-        prefix = lens - extend
-        base = torch.tensor([enc[b] if enc is not None else 0 for b in rows], dtype=torch.int64, device=dev)
-        g, key_len, q_len = len(rows), int(lens.max()), int(extend.max())
-        key_pos = torch.arange(key_len, device=dev)[None, :]
-        key_valid = key_pos < lens[:, None]
-        cols = (base[:, None] + key_pos).clamp_(max=width - 1)
-        table = req_to_token[torch.tensor([rpi[b] for b in rows], dtype=torch.int64, device=dev)]
-        idx = torch.where(key_valid, torch.gather(table, 1, cols).to(torch.int64), 0)
+    per_key = max(kbuf.shape[1] * max(head_dim, o_extend.shape[-1]), num_heads * max(ext))
+    plan = _short_extend_plan(
+        seq, ext, start, rpi, enc, req_to_token.shape[1], per_key, is_causal, window, q_extend.device
+    )
+    for group in plan:
+        g, q_len = group.query_src.shape
+        key_len = group.key_cols.shape[1]
+        table = req_to_token.index_select(0, group.pool_rows)
+        idx = torch.where(group.key_valid, torch.gather(table, 1, group.key_cols).to(torch.int64), 0)
         keys, vals = _load(kbuf, idx, key_scale), _load(vbuf, idx, value_scale)  # [g, key_len, Hkv, D]
-
-        # Query rows: request r's row i (i < E_r) is q_extend[start_r + i]; padded rows read row start_r.
-        row_pos = torch.arange(q_len, device=dev)[None, :]
-        row_valid = row_pos < extend[:, None]
-        first_row = torch.tensor([start[b] for b in rows], dtype=torch.int64, device=dev)
-        src = first_row[:, None] + torch.where(row_valid, row_pos, 0)
+        src = group.query_src[group.row_valid]
         if k_extend is not None and v_extend is not None:
-            # The extend rows' K/V as given (not re-read from the buffers), at key positions prefix_r + i.
-            dest = (torch.arange(g, device=dev)[:, None] * key_len + prefix[:, None] + row_pos)[row_valid]
-            keys.view(g * key_len, *keys.shape[2:])[dest] = (
-                k_extend[src[row_valid]].reshape(-1, *keys.shape[2:]).to(torch.float32)
+            # The extend rows' K/V as given (not re-read from the buffers), at key positions prefix + i.
+            keys.view(g * key_len, *keys.shape[2:])[group.extend_dest] = (
+                k_extend[src].reshape(-1, *keys.shape[2:]).to(torch.float32)
             )
-            vals.view(g * key_len, *vals.shape[2:])[dest] = (
-                v_extend[src[row_valid]].reshape(-1, *vals.shape[2:]).to(torch.float32)
+            vals.view(g * key_len, *vals.shape[2:])[group.extend_dest] = (
+                v_extend[src].reshape(-1, *vals.shape[2:]).to(torch.float32)
             )
-        q = q_extend[src.reshape(-1)].to(torch.float32).view(g, q_len, num_heads, head_dim)
-
-        q_pos = (prefix[:, None] + row_pos)[:, :, None]  # [g, q_len, 1]
-        mask = key_valid[:, None, :].expand(g, q_len, key_len)
-        if is_causal:
-            mask = mask & (key_pos[:, None, :] <= q_pos)
-        if window > 0:
-            mask = mask & (key_pos[:, None, :] > q_pos - window)
-        mask = torch.where(row_valid[:, :, None], mask, key_pos[:, None, :] == 0)
-        out = _attend(q, keys, vals, None if bool(mask.all()) else mask, sm_scale, cap, sinks)
-        o_extend.index_copy_(0, src[row_valid], out[row_valid].reshape(-1, *o_extend.shape[1:]).to(o_extend.dtype))
+        q = q_extend[group.query_src.reshape(-1)].to(torch.float32).view(g, q_len, num_heads, head_dim)
+        out = _attend(q, keys, vals, group.mask, sm_scale, cap, sinks)
+        o_extend.index_copy_(0, src, out[group.row_valid].reshape(-1, *o_extend.shape[1:]).to(o_extend.dtype))
 
 
 @traced("decode_attention_cpu")

@@ -546,6 +546,20 @@ def test_extend_attention_causal_ragged(gen, pass_kv, case):
     _check_extend(batch, out, scale=0.25, visible_fn=lambda b, P, i, j: j <= P + i)
 
 
+def test_short_extend_plan_reused_across_layers_reads_current_slots(gen):
+    """The padding plan is cached by lengths only: a later forward with the same lengths but other KV slots (a new
+    request in the same pool row) must read the new slots, not the ones of the forward that built the plan."""
+    batch = _Batch(gen, **EXT_CASE)
+    _run_extend(batch, scale=0.25)
+    moved = _Batch(gen, **EXT_CASE)  # same lengths, fresh random slots, keys and queries
+    table = torch.zeros_like(moved.req_to_token)
+    table[batch.rpi] = moved.req_to_token[moved.rpi]  # the same pool rows as the first forward
+    moved.req_to_token, moved.rpi = table, batch.rpi.clone()
+    assert not torch.equal(moved.req_to_token[moved.rpi], batch.req_to_token[batch.rpi])
+    out = _run_extend(moved, scale=0.25)
+    _check_extend(moved, out, scale=0.25, visible_fn=lambda b, P, i, j: j <= P + i)
+
+
 @pytest.mark.parametrize("options", [
     dict(), dict(is_causal=False), dict(window=3), dict(cap=2.0, sinks=True), dict(pass_kv=False, window=5),
 ], ids=["causal", "non-causal", "window", "cap-sinks", "buffer-kv-window"])

@@ -10,8 +10,9 @@ worker times each decode step and forwards it to the planner, without a host syn
 Draft gate (``SGLANG_DSPARK_DRAFT_GATE``): before a decode step the planner decides whether the draft block pays
 this step. When it does not, the proposer (re-classed to :class:`GatedDraftBlockProposer`) returns a placeholder
 block instead of running the draft forward, the LM head over the γ slots, the Markov loop and the confidence head,
-and the planner verifies the anchors only (verify length 1 for every request). Everything after the draft is
-upstream's step unchanged: the verify of the anchor gives the target's own next token (greedy, or sampled through
+and the planner verifies the anchors only (verify length 1 for every request). On an all-greedy batch the verify
+executor (re-classed to :class:`AnchorOnlyVerifyExecutor`) then keeps the logits at one row per request instead of
+upstream's strided layout (``engine/anchor_only_verify.py``). Everything else after the draft is upstream's step: the verify of the anchor gives the target's own next token (greedy, or sampled through
 the rejection step against a one-hot placeholder, which returns a sample of the target distribution), and
 ``commit_hidden`` still writes the committed token's target hidden states into the draft KV, so the next drafted
 step drafts from the full context.
@@ -34,6 +35,7 @@ from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWork
 
 from sglang_dspark import envs
 
+from sglang_dspark.engine.anchor_only_verify import AnchorOnlyVerifyExecutor, compact_anchor_step_eligible
 from sglang_dspark.engine.step_record import StepRecorder
 
 logger = logging.getLogger(__name__)
@@ -133,6 +135,8 @@ class DSparkWorker(DSparkWorkerV2):
         if not isinstance(self._proposer, GatedDraftBlockProposer):
             # Re-class the live proposer (its buffers, noise counter and draft sampler stay as upstream built them).
             self._proposer.__class__ = GatedDraftBlockProposer
+        if not isinstance(self._verify_executor, AnchorOnlyVerifyExecutor):
+            self._verify_executor.__class__ = AnchorOnlyVerifyExecutor
         self._verify_planner.enable_draft_gate(mode)
         self._draft_gate_on = True
         logger.info("sglang-dspark draft gate: mode=%s (skips the draft block on steps where it does not pay)", mode)
@@ -145,6 +149,9 @@ class DSparkWorker(DSparkWorkerV2):
             if self._draft_gate_on and not batch.forward_mode.is_idle() and len(batch.seq_lens) > 0:
                 drafted = planner.begin_decode_step(batch)
                 self._proposer.skip_draft = not drafted
+                compact = not drafted and compact_anchor_step_eligible(self, batch)
+                self._verify_executor.compact_anchor_step = compact
+                planner.compact_anchor_steps += int(compact)
             self._step_recorder.start()
         try:
             result = super().forward_batch_generation(
@@ -153,6 +160,7 @@ class DSparkWorker(DSparkWorkerV2):
         finally:
             if self._draft_gate_on:
                 self._proposer.skip_draft = False
+                self._verify_executor.compact_anchor_step = False
                 planner.end_decode_step()
         if is_decode and getattr(result, "accept_lens", None) is not None and result.accept_lens.numel() > 0:
             # Only times and forwards: no host read of a device tensor here (StepRecorder copies without blocking).

@@ -45,6 +45,8 @@ def test_forced_pausing_is_exact(mode, tiny_pair, launch, nospec_reference):
         assert 0.45 <= info["drafted_step_share"] <= 0.55
         # Both kinds of step were timed: the draft block's cost is known per request-count bucket.
         assert gate["draft_ms"]
+    # Greedy, nothing reads the strided logits: every skipped step kept its verify at one logits row per request.
+    assert gate["compact_anchor_steps"] == info["steps"] - info["drafted_steps"] > 0
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])

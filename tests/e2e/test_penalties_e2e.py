@@ -96,6 +96,24 @@ def dspark(tiny_pair, launch, nospec):  # requested after nospec: one server at 
         return _serve(server, with_plain=False)
 
 
+@pytest.fixture(scope="module")
+def dspark_paused(tiny_pair, launch, nospec):
+    """The draft gate forced to skip every draft: plain anchor-only steps, which must apply the penalties too (they
+    keep upstream's strided verify: the compact anchor-only step is for batches without logits adjustments)."""
+    env = {"SGLANG_DSPARK_DRAFT_GATE": "pause"}
+    with launch(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), env=env, timeout=START_TIMEOUT) as server:
+        admission = lambda: server.get("/server_info").json()["internal_states"][0]["dspark_admission"]
+        before = admission()  # the launcher's warm-up request (no penalty) ran already
+        out = {"bs1": _run(server, JOBS_BS1, 1)}
+        after = admission()
+        out["steps"] = after["steps"] - before["steps"]
+        out["drafted_steps"] = after["drafted_steps"] - before["drafted_steps"]
+        out["compact_anchor_steps"] = (
+            after["draft_gate"]["compact_anchor_steps"] - before["draft_gate"]["compact_anchor_steps"]
+        )
+        return out
+
+
 def _ids(results):
     return [r["output_ids"] for r in results]
 
@@ -155,3 +173,13 @@ def test_dspark_really_drafted(dspark):
     ]
     assert all(m["spec_verify_ct"] > 0 for m in metas)
     assert sum(m["completion_tokens"] for m in metas) > 1.2 * sum(m["spec_verify_ct"] for m in metas)
+
+
+def test_paused_steps_apply_penalties(dspark_paused, nospec, truth):
+    got, want = _ids(dspark_paused["bs1"]), _ids(nospec["bs1"])
+    differ, dspark_wrong = _compare(JOBS_BS1, got, want, truth)
+    assert not dspark_wrong, f"paused DSPARK differs from no-spec and from the ground truth on {dspark_wrong}"
+    assert len(differ) <= MAX_NOSPEC_OUTLIERS, f"no-spec off the ground truth too often: {differ}"
+    assert dspark_paused["steps"] >= len(JOBS_BS1) * (MAX_NEW_TOKENS - 1) and dspark_paused["drafted_steps"] == 0
+    # Every request carries a penalty: not one of their steps may take the compact path (it skips the adjustments).
+    assert dspark_paused["compact_anchor_steps"] == 0

@@ -9,33 +9,34 @@ re-classed) keeps the logits at one row per request on such steps and accepts fr
 * the target forward is upstream's (``_run_ragged``: same window, KV slots, penalties-free adjustments);
 * the hidden states are still scattered to the strided layout, because upstream's draft-KV injection reads them
   there (cheap: the captured width, not the vocabulary);
-* the accept is upstream's greedy accept at width 1: the anchor row's argmax is the bonus, nothing else can be
-  accepted; ``build_accept_outs`` then builds the commit lengths and the (R × width) out tokens exactly as upstream.
+* the accept is upstream's accept at width 1 (``accept_draft_tokens`` with no draft token): greedy rows take the
+  anchor row's argmax, sampled rows draw from the anchor row's target distribution (temperature, top-k/top-p/min-p
+  as the sampled verify forms it, our exact-filter patch included); ``build_accept_outs`` then builds the commit
+  lengths and the (R × width) out tokens exactly as upstream.
 
-Greedy output is the target's argmax either way, so no token changes. The fast path is taken only where nothing
+Greedy output is the target's argmax either way, so no token changes; a sampled token has the same law as upstream's
+(``tests/unit/test_anchor_only_verify.py`` compares the two samplers). The fast path is taken only where nothing
 downstream reads the strided logits (:func:`compact_anchor_step_eligible`); any other step runs upstream's code.
 """
 
 from __future__ import annotations
 
-from sglang.kernels.ops.speculative.dspark.dspark_accept import AcceptGreedy
 from sglang.kernels.ops.speculative.dspark.dspark_verify_window import (
     BuildRaggedVerifyWindow,
     ScatterCompactToStrided,
 )
 from sglang.srt.speculative.dspark_components import dspark_verify
+from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResult
 from sglang.srt.speculative.dspark_components.dspark_verify import TargetVerifyExecutor, build_accept_outs
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
 
 def compact_anchor_step_eligible(worker, batch) -> bool:
-    """Whether a gate-skipped step may keep its logits compact: an all-greedy batch whose logits nothing else reads
-    strided (no grammar mask, no logprobs, no sampling-mask capture, no logits adjustment such as a penalty or a
-    logit bias, no simulated acceptance, no block-accept recorder) and no verify epilogue (CUDA-graph buffers)."""
+    """Whether a gate-skipped step may keep its logits compact: a batch whose logits nothing else reads strided (no
+    grammar mask, no logprobs, no sampling-mask capture, no logits adjustment such as a penalty or a logit bias, no
+    simulated acceptance, no block-accept recorder) and no verify epilogue (CUDA-graph buffers)."""
     executor = worker._verify_executor
     sampling_info = batch.sampling_info
-    if sampling_info is not None and not sampling_info.is_all_greedy:
-        return False
     # Read through the module: sglang-dspark's penalty patch wraps this predicate (False when penalised).
     if not dspark_verify.verify_logits_adjustments_are_noop(sampling_info):
         return False
@@ -95,13 +96,28 @@ class AnchorOnlyVerifyExecutor(TargetVerifyExecutor):
                 prefix_lens=prefix_lens, draft_tokens=draft_tokens,
                 simulate_bonus_sampling_info=simulate_bonus_sampling_info,
             )
-        # Upstream's greedy accept at verify width 1: correct length 0, bonus = the anchor row's argmax.
-        correct_len, bonus, cap_trim_lens = AcceptGreedy.execute(
+        # Upstream's accept at verify width 1 (no draft token): greedy rows take the anchor row's argmax, sampled rows
+        # draw from the anchor row's target distribution (the chain sampler with no draft samples its bonus from
+        # target row 0; the same law as upstream's strided accept of the one-hot placeholder, which accepts it with
+        # its target probability and otherwise resamples from the rest).
+        no_draft = DraftBlockResult(
+            draft_tokens=draft_tokens[:, :0],
+            corrected_logits=None,
+            greedy_mask=draft_block.greedy_mask,
+            temperatures=draft_block.temperatures,
+            greedy_draft=True,
+        )
+        correct_len, bonus, cap_trim_lens = dspark_verify.accept_draft_tokens(
             candidates=verify_ids_2d[:, :1],
             target_logits=target_logits,
+            draft_block=no_draft,
+            sampling_info=sampling_info,
+            draft_input=draft_input,
+            gamma=0,
             verify_num_draft_tokens=1,
             fused_argmax=self._fused_argmax,
         )
+        greedy = sampling_info is None or sampling_info.is_all_greedy
         return build_accept_outs(
             correct_len=correct_len,
             bonus=bonus,
@@ -111,5 +127,5 @@ class AnchorOnlyVerifyExecutor(TargetVerifyExecutor):
             gamma=self.gamma,
             verify_num_draft_tokens=self.verify_num_draft_tokens,
             tp_sync=self._tp_sync,
-            sync_site=SpecTpSyncSite.DSPARK_ACCEPT_GREEDY,
+            sync_site=SpecTpSyncSite.DSPARK_ACCEPT_GREEDY if greedy else SpecTpSyncSite.DSPARK_ACCEPT_SAMPLE,
         )

@@ -8,11 +8,15 @@ Real CPU servers (stock launcher), tiny fp32 pair.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from sglang_dspark.testing.helpers import GREEDY, PROMPTS, assert_same_ids, dspark_args, generate_all
 
 pytestmark = pytest.mark.server
+
+SAMPLED_MIX = {**GREEDY, "temperature": 0.8, "top_k": 20, "top_p": 0.9}
 
 
 def admission_info(server) -> dict:
@@ -26,7 +30,14 @@ def test_forced_pausing_is_exact(mode, tiny_pair, launch, nospec_reference):
         bs1 = generate_all(server, PROMPTS, GREEDY, concurrency=1)
         bs8 = generate_all(server, PROMPTS, GREEDY, concurrency=8)
         info = admission_info(server)
+        # Sampled requests (temperature, top-k, top-p; a greedy one in the same batch) take the same paths; their
+        # law is checked in tests/unit/test_anchor_only_verify.py, here that they are served.
+        jobs = [(prompt, SAMPLED_MIX if i % 4 else GREEDY) for i, prompt in enumerate(PROMPTS[:8])]
+        with ThreadPoolExecutor(8) as pool:
+            mixed = list(pool.map(lambda job: server.generate(job[0], dict(job[1])), jobs))
+        after = admission_info(server)
         log = server.log_text()
+    assert all(len(r["output_ids"]) == GREEDY["max_new_tokens"] for r in mixed)
     assert_same_ids([r["output_ids"] for r in bs1], nospec_reference["bs1"], f"draft gate {mode}, bs1")
     assert_same_ids([r["output_ids"] for r in bs8], nospec_reference["bs8"], f"draft gate {mode}, 8 concurrent")
     assert info["steps"] > 0
@@ -45,8 +56,11 @@ def test_forced_pausing_is_exact(mode, tiny_pair, launch, nospec_reference):
         assert 0.45 <= info["drafted_step_share"] <= 0.55
         # Both kinds of step were timed: the draft block's cost is known per request-count bucket.
         assert gate["draft_ms"]
-    # Greedy, nothing reads the strided logits: every skipped step kept its verify at one logits row per request.
+    # Nothing reads the strided logits: every skipped step kept its verify at one logits row per request, greedy
+    # and sampled alike.
     assert gate["compact_anchor_steps"] == info["steps"] - info["drafted_steps"] > 0
+    skipped_after = after["steps"] - after["drafted_steps"]
+    assert after["draft_gate"]["compact_anchor_steps"] == skipped_after > info["steps"] - info["drafted_steps"]
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])

@@ -113,6 +113,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         self._gate_pending = None  # (draft_input, GateDecision) decided in prepare_verify_budget (overlap path)
         self.anchor_only = False  # this step skips the draft: verify the anchors only
         self.compact_anchor_steps = 0  # skipped steps whose verify kept one logits row per request
+        self.plain_decode_steps = 0  # of those, steps run as SGLang's decode step (engine/plain_decode_step.py)
         self.step_cost = None  # profiled verify cost + learned step overhead; set by install_sps_table
         self.table_agreement = TableAgreement()  # online check of the table against the steps served
         self.last_confidence: Optional[torch.Tensor] = None
@@ -282,6 +283,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         # The draft block's learned cost per R bucket: the difference of the two overheads.
         summary["draft_ms"] = {b: round(drafted[b] - skipped[b], 3) for b in drafted if b in skipped}
         summary["compact_anchor_steps"] = self.compact_anchor_steps
+        summary["plain_decode_steps"] = self.plain_decode_steps
         last = gate.last
         if last is not None and last.choice is not None:
             summary["last"] = {

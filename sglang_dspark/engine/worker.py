@@ -36,6 +36,7 @@ from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWork
 from sglang_dspark import envs
 
 from sglang_dspark.engine.anchor_only_verify import AnchorOnlyVerifyExecutor, compact_anchor_step_eligible
+from sglang_dspark.engine.plain_decode_step import plain_decode_eligible, run_plain_decode_step
 from sglang_dspark.engine.step_record import StepRecorder
 
 logger = logging.getLogger(__name__)
@@ -140,6 +141,19 @@ class DSparkWorker(DSparkWorkerV2):
         self._verify_planner.enable_draft_gate(mode)
         self._draft_gate_on = True
         logger.info("sglang-dspark draft gate: mode=%s (skips the draft block on steps where it does not pay)", mode)
+
+    def _forward_decode(self, batch, on_publish, grammar_barrier=None, coordination_plan=None):
+        # A skipped step that qualifies for the compact anchor-only verify runs as SGLang's own decode step where the
+        # target is eager (engine/plain_decode_step.py); otherwise upstream's step (with the compact verify).
+        if (
+            getattr(self._verify_executor, "compact_anchor_step", False)
+            and coordination_plan is None
+            and not batch.forward_mode.is_idle()
+            and plain_decode_eligible(self, batch)
+        ):
+            self._verify_planner.plain_decode_steps += 1
+            return run_plain_decode_step(self, batch, on_publish)
+        return super()._forward_decode(batch, on_publish, grammar_barrier, coordination_plan=coordination_plan)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, *, pp_proxy_tensors=None):
         is_decode = self._hosts_draft and not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)

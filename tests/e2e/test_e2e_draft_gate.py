@@ -61,6 +61,8 @@ def test_forced_pausing_is_exact(mode, tiny_pair, launch, nospec_reference):
     assert gate["compact_anchor_steps"] == info["steps"] - info["drafted_steps"] > 0
     skipped_after = after["steps"] - after["drafted_steps"]
     assert after["draft_gate"]["compact_anchor_steps"] == skipped_after > info["steps"] - info["drafted_steps"]
+    # On the CPU (eager target) each of them ran as SGLang's own decode step plus the draft-KV injection.
+    assert after["draft_gate"]["plain_decode_steps"] == skipped_after
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])

@@ -63,6 +63,12 @@ DRAFT_GATE = Switch(
     "(test); alternate: draft every other step (test); comeback: pause, then a cost model where drafting pays (test)",
     ("auto", "off", "pause", "alternate", "comeback"),
 )
+PLAIN_STEP = Switch(
+    "SGLANG_DSPARK_PLAIN_STEP", "decode",
+    "how a step the draft gate skipped runs: decode (default: SGLang's own decode step plus the draft-KV injection, "
+    "where the target runs eager); verify: upstream's verify path with the anchors only (comparisons)",
+    ("decode", "verify"),
+)
 CPU_PLATFORM = Switch(
     "SGLANG_DSPARK_CPU_PLATFORM", "1",
     "1 (default): activate the CPU platform when SGLang runs on the CPU; 0: never activate it",
@@ -84,7 +90,7 @@ STANDIN_TRACE = Switch(
     ("0", "1"),
 )
 
-SWITCHES: tuple[Switch, ...] = (ADMISSION, WORKER, DRAFT_GATE, CPU_PLATFORM, CPU_MARKOV_STEP, CACHE, STANDIN_TRACE)
+SWITCHES: tuple[Switch, ...] = (ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, CPU_PLATFORM, CPU_MARKOV_STEP, CACHE, STANDIN_TRACE)
 
 
 def cache_root() -> Path:

@@ -149,6 +149,7 @@ class DSparkWorker(DSparkWorkerV2):
             getattr(self._verify_executor, "compact_anchor_step", False)
             and coordination_plan is None
             and not batch.forward_mode.is_idle()
+            and envs.PLAIN_STEP.get() == "decode"
             and plain_decode_eligible(self, batch)
         ):
             self._verify_planner.plain_decode_steps += 1

@@ -10,9 +10,11 @@ worker times each decode step and forwards it to the planner, without a host syn
 Draft gate (``SGLANG_DSPARK_DRAFT_GATE``): before a decode step the planner decides whether the draft block pays
 this step. When it does not, the proposer (re-classed to :class:`GatedDraftBlockProposer`) returns a placeholder
 block instead of running the draft forward, the LM head over the γ slots, the Markov loop and the confidence head,
-and the planner verifies the anchors only (verify length 1 for every request). On an all-greedy batch the verify
-executor (re-classed to :class:`AnchorOnlyVerifyExecutor`) then keeps the logits at one row per request instead of
-upstream's strided layout (``engine/anchor_only_verify.py``). Everything else after the draft is upstream's step: the verify of the anchor gives the target's own next token (greedy, or sampled through
+and the planner verifies the anchors only (verify length 1 for every request). Where nothing reads the strided
+logits (no penalty, logit bias, grammar, logprobs) such a step runs as SGLang's own decode step plus the draft-KV
+injection when the target is eager (``engine/plain_decode_step.py``), else through upstream's verify with the logits
+kept at one row per request (:class:`AnchorOnlyVerifyExecutor`, ``engine/anchor_only_verify.py``). Otherwise
+everything after the draft is upstream's step: the verify of the anchor gives the target's own next token (greedy, or sampled through
 the rejection step against a one-hot placeholder, which returns a sample of the target distribution), and
 ``commit_hidden`` still writes the committed token's target hidden states into the draft KV, so the next drafted
 step drafts from the full context.

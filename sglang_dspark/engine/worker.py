@@ -96,6 +96,7 @@ class DSparkWorker(DSparkWorkerV2):
         super().__init__(*args, **kwargs)
         self._step_recorder = StepRecorder(self.device)
         self._draft_gate_on = False
+        self._plain_decode_on = envs.PLAIN_STEP.get() == "decode"  # read once, not on every decode step
         logger.info("sglang-dspark DSPARK worker active (pid %d)", os.getpid())
 
     def init_cuda_graphs(self):
@@ -151,7 +152,7 @@ class DSparkWorker(DSparkWorkerV2):
             getattr(self._verify_executor, "compact_anchor_step", False)
             and coordination_plan is None
             and not batch.forward_mode.is_idle()
-            and envs.PLAIN_STEP.get() == "decode"
+            and self._plain_decode_on
             and plain_decode_eligible(self, batch)
         ):
             self._verify_planner.plain_decode_steps += 1

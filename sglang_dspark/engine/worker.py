@@ -14,8 +14,9 @@ and the planner verifies the anchors only (verify length 1 for every request). W
 logits (no penalty, logit bias, grammar, logprobs) such a step runs as SGLang's own decode step plus the draft-KV
 injection when the target is eager (``engine/plain_decode_step.py``), else through upstream's verify with the logits
 kept at one row per request (:class:`AnchorOnlyVerifyExecutor`, ``engine/anchor_only_verify.py``). Otherwise
-everything after the draft is upstream's step: the verify of the anchor gives the target's own next token (greedy, or sampled through
-the rejection step against a one-hot placeholder, which returns a sample of the target distribution), and
+everything after the draft is upstream's step: the verify of the anchor gives the target's own next token (greedy,
+or sampled through the rejection step against a one-hot placeholder, which returns a sample of the target
+distribution), and
 ``commit_hidden`` still writes the committed token's target hidden states into the draft KV, so the next drafted
 step drafts from the full context.
 

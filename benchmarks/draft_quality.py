@@ -1,10 +1,14 @@
 """The trained draft on held-out prompts, all configurations measured in ONE run (issue #4's table).
 
     .venv/bin/python benchmarks/draft_quality.py                 # SmolLM2 + the shipped draft, 100 held-out prompts
+    .venv/bin/python benchmarks/draft_quality.py --configs DSpark "DSpark, whole vocab"     # only those (+ no-spec)
 
 Servers run one after another on 127.0.0.1 (fp32, the stock launcher):
   * no-spec                       greedy reference ids; tokens/s at concurrency 1 (T = 0 and T = 1)
   * DSpark  (verify-all)          tau, per-position acceptance, ECE of the calibrated confidence (T = 0 and T = 1)
+  * DSpark  (verify-all, whole vocab)  when the draft ships a hot vocabulary (dspark_hot_vocab.json): the same draft
+                                  over all tokens (SGLANG_DSPARK_HOT_VOCAB=off), for the hot set's coverage, tau change
+                                  and drafted-step time change (concurrency 1, server-timed), side by side
   * DSpark  (verify-all, no STS)  ECE of the raw confidence (the same draft without its dspark_sts.json)
   * DFlash-mode (verify-all)      the same checkpoint with the Markov head zeroed: independent per-position drafts
   * NGRAM                         SGLang's n-gram speculation with the same verify width
@@ -30,6 +34,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from sglang_dspark.scheduling.stats import ece_from_bins
+from sglang_dspark.draft.hot_vocab import HOT_VOCAB_FILE
 from sglang_dspark.engine.arg_resolution import SHIPPED_STS_NAME
 from sglang_dspark.testing.server import start_server
 
@@ -109,7 +114,29 @@ def run_workload(server, prompts: list[str], temperature: float, max_new_tokens:
         row["ece"] = ece_from_bins(*(_diff(bins_after[k], bins_before[k])
                                      for k in ("count", "prediction_sum", "label_sum")))
         row["server_tau"] = (sum((k + 1) * c for k, c in enumerate(hist)) / total) if total else None
+        drafted = (after.get("timed_drafted_steps") or 0) - (before.get("timed_drafted_steps") or 0)
+        seconds_drafted = (after.get("drafted_step_seconds_sum") or 0) - (before.get("drafted_step_seconds_sum") or 0)
+        row["drafted_step_ms"] = 1000.0 * seconds_drafted / drafted if drafted else None
     return row
+
+
+def print_hot_vocab_change(draft: Path, target: Path, rows: dict, reference: list) -> None:
+    """The hot set's coverage of the target's greedy answers, and τ / drafted-step time with it vs without it."""
+    from sglang_dspark.draft.hot_vocab import hot_coverage, load_hot_vocab
+
+    vocab_size = int(json.loads((target / "config.json").read_text())["vocab_size"])
+    hot = load_hot_vocab(draft, vocab_size)
+    coverage = hot_coverage(hot, [t for ids in reference for t in ids])
+    hot_row, whole = rows["DSpark"], rows["DSpark, whole vocab"]
+    print(f"\nhot vocabulary: {hot.size} of {vocab_size} tokens, coverage of the no-spec greedy answers {coverage:.4f}")
+    for t in ("T0", "T1"):
+        print(f"  tau {t}: hot {hot_row[t]['tau']:.3f}, whole {whole[t]['tau']:.3f} "
+              f"-> {hot_row[t]['tau'] / whole[t]['tau']:.3f}x")
+    a, b = hot_row["speed"].get("drafted_step_ms"), whole["speed"].get("drafted_step_ms")
+    if a and b:
+        print(f"  drafted step at concurrency 1 (verify-all, server-timed): hot {a:.1f} ms, whole {b:.1f} ms "
+              f"-> {a / b:.3f}x; tok/s hot {hot_row['speed']['tokens_per_second']:.1f}, "
+              f"whole {whole['speed']['tokens_per_second']:.1f}")
 
 
 def main(argv=None) -> int:
@@ -125,6 +152,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ngram-draft-tokens", type=int, default=8, help="NGRAM verify width (DSpark's: block + 1)")
     ap.add_argument("--max-total-tokens", type=int, default=16384)
     ap.add_argument("--json-out", default=None, help="also write the raw rows here")
+    ap.add_argument("--configs", nargs="+", help="run only these configurations (labels as printed; no-spec always)")
     args = ap.parse_args(argv)
 
     if args.model_path:
@@ -156,6 +184,16 @@ def main(argv=None) -> int:
                    str(args.ngram_draft_tokens)], {}, ("T0", "T1")),
         ("DSPARK default", [*dspark, "--speculative-draft-model-path", str(draft)], {}, ("speed", "speed T1")),
     ]
+    has_hot_vocab = (draft / HOT_VOCAB_FILE).is_file()
+    if has_hot_vocab:  # the same draft over the whole vocabulary: the hot set's τ and step-time change, side by side
+        configs[1] = (*configs[1][:3], ("T0", "T1", "speed"))
+        configs.insert(2, ("DSpark, whole vocab", [*dspark, "--speculative-draft-model-path", str(draft)],
+                           {**verify_all, "SGLANG_DSPARK_HOT_VOCAB": "off"}, ("T0", "T1", "speed")))
+    if args.configs:
+        unknown = set(args.configs) - {c[0] for c in configs}
+        if unknown:
+            ap.error(f"unknown --configs {sorted(unknown)}; choose from {[c[0] for c in configs]}")
+        configs = [c for c in configs if c[0] == "no-spec" or c[0] in args.configs]
     rows: dict = {}
     for label, extra, env, jobs in tqdm(configs, desc="servers", unit="server"):
         server = start_server(target, ["--dtype", "float32", *extra], env=env,
@@ -182,7 +220,9 @@ def main(argv=None) -> int:
           f"max_new_tokens {args.max_new_tokens}, acceptance runs at concurrency {args.concurrency}\n")
     print(f"{'configuration':16s} {'tau T=0':>8s} {'tau T=1':>8s} {'ECE T=0':>8s} {'ECE T=1':>8s} "
           f"{'greedy = no-spec':>17s}  acceptance by draft position (T=0 | T=1)")
-    for label in ("DSpark", "DSpark, no STS", "DFlash-mode", "NGRAM"):
+    for label in ("DSpark", "DSpark, whole vocab", "DSpark, no STS", "DFlash-mode", "NGRAM"):
+        if label not in rows:
+            continue
         r = rows[label]
         same = sum(a == b for a, b in zip(r["T0"]["output_ids"], reference))
         ece = [r[t].get("ece") for t in ("T0", "T1")]
@@ -190,8 +230,13 @@ def main(argv=None) -> int:
         print(f"{label:16s} {r['T0']['tau']:8.2f} {r['T1']['tau']:8.2f} "
               + " ".join(f"{e * 100:7.1f}%" if e is not None else f"{'-':>8s}" for e in ece)
               + f" {same:>8d}/{len(reference):<8d}  {pos}")
-    ratio = [rows["DSpark"][t]["tau"] / rows["DFlash-mode"][t]["tau"] for t in ("T0", "T1")]
-    print(f"\ntau(DSpark) / tau(DFlash-mode): T=0 {ratio[0]:.3f}, T=1 {ratio[1]:.3f}")
+    if "DSpark" in rows and "DFlash-mode" in rows:
+        ratio = [rows["DSpark"][t]["tau"] / rows["DFlash-mode"][t]["tau"] for t in ("T0", "T1")]
+        print(f"\ntau(DSpark) / tau(DFlash-mode): T=0 {ratio[0]:.3f}, T=1 {ratio[1]:.3f}")
+    if "DSpark" in rows and "DSpark, whole vocab" in rows:
+        print_hot_vocab_change(draft, target, rows, reference)
+    if "DSPARK default" not in rows:
+        return 0
     base = rows["no-spec"]["speed"]["tokens_per_second"]
     fast = rows["DSPARK default"]["speed"]
     same = sum(a == b for a, b in zip(fast["output_ids"], speed_reference))

@@ -14,6 +14,7 @@
 #                 ~30 % per step on 2 cores; the gradient is the same)
 #   4. calibrate: STS temperatures on the calibration answers
 #   5. export:    bf16, without the embedding / LM head copies (SGLang takes the target's), + dspark_sts.json
+#   6. hot vocab: the 8 192 most frequent tokens of the target's answers (dspark_hot_vocab.json, FR-Spec)
 set -euo pipefail
 WORK=${1:?usage: scripts/train_smollm2_draft.sh WORK_DIR [STEPS]}
 STEPS=${2:-1100}
@@ -37,4 +38,6 @@ $T train --target "$TARGET" --data "$WORK/train_answers.jsonl" --out "$WORK/run"
     --save-every 25 --log-every 5 --threads 2 --export-dtype bfloat16 --omit-shared --export-dir "$WORK/draft" --resume
 $T calibrate --draft "$WORK/draft" --target "$TARGET" --data "$WORK/calib_answers.jsonl" \
     --cache-dir "$WORK/calib_features" --out "$WORK/draft/dspark_sts.json" --threads 2
+"$PY" -m sglang_dspark.draft.hot_vocab build --answers "$WORK/train_answers.jsonl" --tokenizer "$TARGET" \
+    --size 8192 --out "$WORK/draft"
 echo "draft: $WORK/draft  (copy it to sglang_dspark/embedded/smollm2_draft to ship it)"

@@ -69,6 +69,12 @@ PLAIN_STEP = Switch(
     "where the target runs eager); verify: upstream's verify path with the anchors only (comparisons)",
     ("decode", "verify"),
 )
+HOT_VOCAB = Switch(
+    "SGLANG_DSPARK_HOT_VOCAB", "auto",
+    "auto (default): when the draft ships dspark_hot_vocab.json, its logits run over those frequent tokens only "
+    "(FR-Spec; exact, faster draft block); off: always the whole vocabulary",
+    ("auto", "off"),
+)
 CPU_PLATFORM = Switch(
     "SGLANG_DSPARK_CPU_PLATFORM", "1",
     "1 (default): activate the CPU platform when SGLang runs on the CPU; 0: never activate it",
@@ -90,7 +96,9 @@ STANDIN_TRACE = Switch(
     ("0", "1"),
 )
 
-SWITCHES: tuple[Switch, ...] = (ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, CPU_PLATFORM, CPU_MARKOV_STEP, CACHE, STANDIN_TRACE)
+SWITCHES: tuple[Switch, ...] = (
+    ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, HOT_VOCAB, CPU_PLATFORM, CPU_MARKOV_STEP, CACHE, STANDIN_TRACE,
+)
 
 
 def cache_root() -> Path:

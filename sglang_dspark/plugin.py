@@ -53,6 +53,11 @@ def register() -> None:
         from sglang_dspark.patches import triton_ragged_verify
 
         triton_ragged_verify.apply()
+    # The draft's logits over a hot vocabulary when the draft ships one (issue #11, FR-Spec); our worker marks the
+    # draft at start-up (engine/worker.py), the hooks do nothing to an unmarked one.
+    from sglang_dspark.patches import hot_vocab
+
+    hot_vocab.install()
     if cpu_platform_active():
         from sglang_dspark.patches import cpu_dspark
 

@@ -38,7 +38,7 @@ from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang_dspark.engine.step_record import StepRecord
 from sglang_dspark.profiler.step_overhead import OverheadAdjustedCost, StepOverhead
 from sglang_dspark.profiler.table_trust import TableAgreement
-from sglang_dspark.scheduling.draft_gate import DraftGate, GateDecision
+from sglang_dspark.scheduling.draft_gate import DraftGate, GateDecision, SurvivalPrior
 from sglang_dspark.scheduling.policy import AdmissionPolicy
 from sglang_dspark.scheduling.stats import get_admission_stats
 
@@ -62,6 +62,18 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
     policy: AdmissionPolicy
     # The lagged survivals of the last compute_budget ([R, γ]), for the draft gate of the same step (overlap path).
     last_survival: Optional[torch.Tensor] = None
+    # Which rows of the last survivals came from a confidence of the request itself ([R] bool; the others read 1).
+    last_known_rows: Optional[torch.Tensor] = None
+
+    def _two_steps_prior_survival(self, *, lagged_confidence, lagged_generation, current_generation):
+        # Upstream's rule (rows of the current request generation are known); the mask is kept for the draft gate.
+        current = current_generation.to(torch.int64)
+        self.last_known_rows = (current >= 1) & (lagged_generation.to(torch.int64) == current)
+        return super()._two_steps_prior_survival(
+            lagged_confidence=lagged_confidence,
+            lagged_generation=lagged_generation,
+            current_generation=current_generation,
+        )
 
     def latest_survival(self, *, req_pool_indices_cpu, current_generation) -> Optional[torch.Tensor]:
         """Survivals from the newest confidences in the host carry ring (the synchronous path), without shifting it.
@@ -110,6 +122,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         self.step_overhead = StepOverhead(label="drafted step", signed=True)
         self.skip_overhead = StepOverhead(label="skipped-draft step", signed=True)
         self.draft_gate: Optional[DraftGate] = None  # set by enable_draft_gate (our worker decides if it applies)
+        self.survival_prior = SurvivalPrior()  # the gate's survivals for requests not drafted for yet
         self._gate_pending = None  # (draft_input, GateDecision) decided in prepare_verify_budget (overlap path)
         self.anchor_only = False  # this step skips the draft: verify the anchors only
         self.compact_anchor_steps = 0  # skipped steps whose verify kept one logits row per request
@@ -200,6 +213,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         """Overlap path: the budget of the next step, on the host before its forward; the gate decides here too."""
         if self._budget_planner is not None:
             self._budget_planner.last_survival = None
+            self._budget_planner.last_known_rows = None
         super().prepare_verify_budget(batch, future_map)
         draft_input = batch.spec_info
         if (
@@ -258,6 +272,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
     def _decide(self, survival: Optional[torch.Tensor], num_requests: int) -> GateDecision:
         gate = self.draft_gate
         try:
+            if survival is not None:
+                survival = self.survival_prior.fill(survival, self._budget_planner.last_known_rows)
             decision = gate.decide(
                 lagged_survival=survival,
                 cost_with_draft=self.step_cost,
@@ -317,6 +333,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             overhead = self.step_overhead if record.drafted else self.skip_overhead
             overhead.observe(num_requests, record.seconds, verify_seconds)
         survival = record.confidence.cumprod(dim=1) if record.confidence is not None else None
+        if survival is not None and record.drafted:
+            self.survival_prior.observe(survival)
         try:
             get_admission_stats().record_step(
                 verify_lens=record.verify_lens,

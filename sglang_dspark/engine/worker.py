@@ -98,7 +98,31 @@ class DSparkWorker(DSparkWorkerV2):
         self._step_recorder = StepRecorder(self.device)
         self._draft_gate_on = False
         self._plain_decode_on = envs.PLAIN_STEP.get() == "decode"  # read once, not on every decode step
+        if self._hosts_draft:
+            self._install_hot_vocab()
         logger.info("sglang-dspark DSPARK worker active (pid %d)", os.getpid())
+
+    def _install_hot_vocab(self) -> None:
+        """The draft's logits over its shipped hot vocabulary (patches/hot_vocab.py), before any graph capture."""
+        from pathlib import Path
+
+        from sglang_dspark.draft.hot_vocab import load_hot_vocab
+        from sglang_dspark.patches.hot_vocab import attach_hot_vocab
+
+        draft_path = getattr(self.server_args, "speculative_draft_model_path", None)
+        if envs.HOT_VOCAB.get() == "off" or not draft_path or not Path(draft_path).is_dir():
+            return
+        lm_head = getattr(self.draft_model, "lm_head", None)
+        vocab_size = int(getattr(lm_head, "org_vocab_size", 0) or 0)
+        hot = load_hot_vocab(draft_path, vocab_size)  # a broken file stops start-up, naming the file and the fix
+        if hot is None:
+            return
+        reason = attach_hot_vocab(self.draft_model, hot)
+        if reason is not None:
+            logger.info("sglang-dspark hot vocabulary not used (%s): the draft runs over the whole vocabulary", reason)
+            return
+        logger.info("sglang-dspark hot vocabulary: the draft's logits over %d of %d tokens (%s=off to disable)",
+                    hot.size, vocab_size, envs.HOT_VOCAB.name)
 
     def init_cuda_graphs(self):
         super().init_cuda_graphs()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import math
 import statistics
 import time
@@ -184,6 +185,9 @@ def level_metrics(outputs: list, duration: float, tokenizer=None) -> dict:
         if line not in samples:
             samples.append(line)
     result: dict[str, Any] = {
+        # One digest per prompt (in prompt order; None where it failed), to compare configurations' outputs.
+        "output_digests": [hashlib.sha1(o.generated_text.encode()).hexdigest()[:16] if o.success else None
+                           for o in outputs],
         "requests": len(outputs),
         "completed": len(ok),
         "errors": kinds.count("error"),
@@ -288,6 +292,13 @@ def admission_delta(before: dict | None, after: dict | None) -> dict | None:
     observed = _diff(bins_after.get("label_sum"), bins_before.get("label_sum"))
     steps = (after.get("steps") or 0) - (before.get("steps") or 0)
     drafted = (after.get("drafted_steps") or 0) - (before.get("drafted_steps") or 0)
+
+    def delta(key):
+        return (after.get(key) or 0) - (before.get(key) or 0)
+
+    timed_drafted = delta("timed_drafted_steps")
+    timed_skipped = delta("timed_steps") - timed_drafted
+    skipped_seconds = delta("step_seconds_sum") - delta("drafted_step_seconds_sum")
     return {
         "policy": after.get("policy"),
         "steps": steps,
@@ -299,6 +310,9 @@ def admission_delta(before: dict | None, after: dict | None) -> dict | None:
         "accepted_len_histogram": accepted,
         "mean_accept_len": sum((k + 1) * c for k, c in enumerate(accepted)) / n_accepted if n_accepted else None,
         "ece": sum(abs(o - p) for p, o in zip(predicted, observed)) / sum(count) if sum(count) > 0 else None,
+        # Mean decode-step time (all requests of the batch) of steps that drafted and of steps the gate skipped.
+        "drafted_step_ms": 1000.0 * delta("drafted_step_seconds_sum") / timed_drafted if timed_drafted > 0 else None,
+        "skipped_step_ms": 1000.0 * skipped_seconds / timed_skipped if timed_skipped > 0 else None,
     }
 
 

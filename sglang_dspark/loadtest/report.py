@@ -9,9 +9,24 @@ from typing import Any
 
 
 def level_key(level: dict) -> str:
-    if level.get("request_rate") is not None:
-        return f"rate={level['request_rate']:g}/s"
-    return f"c={level['concurrency']}"
+    key = f"rate={level['request_rate']:g}/s" if level.get("request_rate") is not None else f"c={level['concurrency']}"
+    if level.get("temperature") is not None:  # a sweep over several temperatures
+        key += f" T={level['temperature']:g}"
+    return key
+
+
+def _temperatures(settings: dict) -> str:
+    value = settings.get("temperature", "")
+    return " / ".join(f"{t:g}" for t in value) if isinstance(value, list) else str(value)
+
+
+def _level_temperature(level: dict, settings: dict) -> float | None:
+    if level.get("temperature") is not None:
+        return float(level["temperature"])
+    value = settings.get("temperature")
+    if isinstance(value, list):
+        return float(value[0]) if len(value) == 1 else None
+    return None if value is None else float(value)
 
 
 def _clean(value: Any) -> Any:
@@ -27,7 +42,9 @@ def _clean(value: Any) -> Any:
 
 def add_ratios(result: dict) -> dict:
     """Per level, each configuration's output tok/s and per-user tok/s divided by the first configuration's
-    (measured in the same run: the only comparison these noisy machines support)."""
+    (measured in the same run: the only comparison these noisy machines support), and at temperature 0 how many of
+    its answers are the same text as the first configuration's (``same_output``: every lossless configuration must
+    answer exactly as the target alone)."""
     configs = result.get("configs") or []
     if not configs:
         return result
@@ -39,6 +56,11 @@ def add_ratios(result: dict) -> dict:
             for name in ("output_tok_s", "per_user_tok_s"):
                 mine, theirs = level.get(name), ref.get(name)
                 level[f"{name}_ratio"] = mine / theirs if mine is not None and theirs else None
+            mine, theirs = level.get("output_digests"), ref.get("output_digests")
+            greedy = _level_temperature(level, result.get("settings") or {}) == 0.0
+            if greedy and mine and theirs and len(mine) == len(theirs):
+                pairs = [(a, b) for a, b in zip(mine, theirs) if a is not None and b is not None]
+                level["same_output"] = [sum(a == b for a, b in pairs), len(pairs)]
     return result
 
 
@@ -53,21 +75,34 @@ def _fmt(value, digits: int = 1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def plain_step_ms(level: dict) -> float | None:
+    """A decode step without a draft: DSPARK's gate-skipped steps (server-timed), or a non-speculative server's
+    step, read as its TPOT p50 (one token per step)."""
+    admission = level.get("admission")
+    if admission is not None:
+        return admission.get("skipped_step_ms")
+    if level.get("accept_length") is None:
+        return (level.get("tpot_ms") or {}).get("p50")
+    return None
+
+
 def markdown_table(result: dict) -> str:
     """One row per configuration and level; ratios against the first configuration of the run."""
     baseline = result.get("baseline") or "first row"
     lines = [
         f"| configuration | load | output tok/s | × {baseline} | per-user tok/s | × {baseline} | TTFT p50 ms | "
-        "TPOT p50 ms | ITL p99 ms | accept length | drafted steps | errors / timeouts |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "TPOT p50 ms | ITL p99 ms | accept length | drafted steps | drafted step ms | plain step ms | "
+        f"same text as {baseline} | errors / timeouts |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for config in result.get("configs", []):
         if config.get("error") and not config.get("levels"):
-            lines.append(f"| {config['label']} | – | failed: {config['error'].splitlines()[0][:80]} |" + " |" * 9)
+            lines.append(f"| {config['label']} | – | failed: {config['error'].splitlines()[0][:80]} |" + " |" * 12)
             continue
         for level in config.get("levels", []):
             lines.append(
-                "| {label} | {load} | {tps} | {tpsr} | {pu} | {pur} | {ttft} | {tpot} | {itl} | {acc} | {drafted} | {err} / {to} |".format(
+                "| {label} | {load} | {tps} | {tpsr} | {pu} | {pur} | {ttft} | {tpot} | {itl} | {acc} | {drafted} | "
+                "{dstep} | {pstep} | {same} | {err} / {to} |".format(
                     label=config["label"], load=level_key(level), tps=_fmt(level.get("output_tok_s")),
                     tpsr=_fmt(level.get("output_tok_s_ratio"), 2), pu=_fmt(level.get("per_user_tok_s")),
                     pur=_fmt(level.get("per_user_tok_s_ratio"), 2),
@@ -75,6 +110,9 @@ def markdown_table(result: dict) -> str:
                     tpot=_fmt((level.get("tpot_ms") or {}).get("p50"), 0),
                     itl=_fmt((level.get("itl_ms") or {}).get("p99"), 0), acc=_fmt(level.get("accept_length"), 2),
                     drafted=_fmt((level.get("admission") or {}).get("drafted_step_share"), 2),
+                    dstep=_fmt((level.get("admission") or {}).get("drafted_step_ms"), 0),
+                    pstep=_fmt(plain_step_ms(level), 0),
+                    same="{}/{}".format(*level["same_output"]) if level.get("same_output") else "–",
                     err=level.get("errors", 0) + level.get("not_sent", 0), to=level.get("timeouts", 0),
                 )
             )
@@ -100,14 +138,19 @@ def write_png(result: dict, path: str | Path) -> Path:
         if not levels:
             continue
         marker = markers[index % len(markers)]
-        xs = [lv.get("per_user_tok_s") or 0.0 for lv in levels]
-        ys = [lv["output_tok_s"] for lv in levels]
-        (line,) = frontier.plot(xs, ys, marker=marker, label=config["label"])
-        for x, y, lv in zip(xs, ys, levels):
-            frontier.annotate(level_key(lv), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7,
-                              color=line.get_color())
-        loads = [lv["request_rate"] if rate_mode else lv["concurrency"] for lv in levels]
-        sweep.plot(loads, ys, marker=marker, label=config["label"], color=line.get_color())
+        temperatures = list(dict.fromkeys(lv.get("temperature") for lv in levels))
+        for temperature, style in zip(temperatures, ("-", "--", ":", "-.") * 4):
+            group = [lv for lv in levels if lv.get("temperature") == temperature]
+            label = config["label"] if temperature is None else f"{config['label']} T={temperature:g}"
+            xs = [lv.get("per_user_tok_s") or 0.0 for lv in group]
+            ys = [lv["output_tok_s"] for lv in group]
+            (line,) = frontier.plot(xs, ys, marker=marker, linestyle=style, label=label,
+                                    **({} if style == "-" else {"color": line.get_color()}))
+            for x, y, lv in zip(xs, ys, group):
+                frontier.annotate(level_key(lv), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                                  color=line.get_color())
+            loads = [lv["request_rate"] if rate_mode else lv["concurrency"] for lv in group]
+            sweep.plot(loads, ys, marker=marker, linestyle=style, label=label, color=line.get_color())
     frontier.set_xlabel("per-user speed: decode tok/s each request sees (1 / TPOT, median)")
     frontier.set_ylabel("aggregate output throughput (tok/s)")
     frontier.set_title("Throughput vs per-user speed (frontier)")
@@ -123,7 +166,7 @@ def write_png(result: dict, path: str | Path) -> Path:
     settings = result.get("settings") or {}
     figure.suptitle(
         f"{settings.get('model_label', '')} — {settings.get('prompts_per_level', '')} fresh prompts per level, "
-        f"{settings.get('max_tokens', '')} tokens each, T={settings.get('temperature', '')}, "
+        f"{settings.get('max_tokens', '')} tokens each, T={_temperatures(settings)}, "
         f"{result.get('machine', {}).get('description', '')} (one run: compare curves, not absolute numbers)",
         fontsize=9,
     )

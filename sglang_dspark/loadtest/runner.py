@@ -4,12 +4,13 @@ SGLang users do (OpenAI chat completions, streaming), and draw the throughput / 
 Two ways to point it at servers:
 
 * ``--url URL [URL ...]``: servers already running (any SGLang launch; loopback only unless ``--allow-remote``);
-* ``--configs no-spec dspark dspark-upstream ngram`` (default: all four): it launches each configuration itself with
+* ``--configs no-spec dspark dspark-verify-all dspark-upstream ngram`` (the default): it launches each configuration itself with
   the stock ``python -m sglang.launch_server`` on 127.0.0.1, one after another, stops it by PID, and goes on.
 
 Examples::
 
-    python -m sglang_dspark.loadtest                                   # embedded pair, 4 configs, c = 1..64
+    python -m sglang_dspark.loadtest                                   # embedded pair, 5 configs, c = 1..64
+    python -m sglang_dspark.loadtest --concurrency 1 4 16 64 --temperature 0 0.7 --max-tokens 64
     python -m sglang_dspark.loadtest --concurrency 1 4 16 --prompts-per-level 24 --max-tokens 64
     python -m sglang_dspark.loadtest --url http://127.0.0.1:30000 --request-rate 0.5 1 2
     python -m sglang_dspark.loadtest --configs no-spec dspark --dataset sharegpt.json
@@ -44,7 +45,7 @@ MAX_CONCURRENCY = 1024
 MAX_LEVELS = 16
 MAX_PROMPTS_PER_LEVEL = 4096
 CONFIG_NAMES = ("no-spec", "dspark", "dspark-verify-all", "dspark-gate-off", "dspark-upstream", "ngram")
-DEFAULT_CONFIGS = ("no-spec", "dspark", "dspark-upstream", "ngram")
+DEFAULT_CONFIGS = ("no-spec", "dspark", "dspark-verify-all", "dspark-upstream", "ngram")
 
 
 class LoadTestError(RuntimeError):
@@ -221,7 +222,7 @@ def sweep_server(info: ServerInfo, label: str, levels: list[dict], level_prompts
             metrics = engine.measure_level(
                 info.url, prompts, concurrency=level.get("concurrency"),
                 request_rate=level.get("request_rate") or math.inf, max_tokens=args.max_tokens,
-                temperature=args.temperature, model=info.model, tokenizer=tokenizer,
+                temperature=level.get("temperature", args.temperature[0]), model=info.model, tokenizer=tokenizer,
                 request_timeout=args.request_timeout, level_timeout=args.level_timeout,
                 request_func=request_func, snapshot_func=snapshot_func, pbar=pbar,
             )
@@ -248,6 +249,9 @@ def build_levels(args) -> list[dict]:
         levels = [{"request_rate": float(r), "concurrency": args.max_concurrency} for r in args.request_rate]
     else:
         levels = [{"concurrency": int(c)} for c in (args.concurrency or DEFAULT_CONCURRENCY)]
+    if len(args.temperature) > 1:
+        # Each temperature is its own set of levels, with its own fresh prompts (a server never sees a prompt twice).
+        levels = [{**level, "temperature": float(t)} for t in args.temperature for level in levels]
     if not levels or len(levels) > MAX_LEVELS:
         raise LoadTestError(f"give 1 to {MAX_LEVELS} load levels")
     for level in levels:
@@ -486,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="compare --url servers that serve different models")
     target.add_argument("--tokenizer", help="local tokenizer path for per-token ITL (--url mode)")
     target.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), choices=CONFIG_NAMES,
-                        help="configurations to launch one after another (default: no-spec dspark dspark-upstream ngram)")
+                        help="configurations to launch one after another (default: " + " ".join(DEFAULT_CONFIGS) + ")")
     target.add_argument("--model-path", help="target model (default: the embedded SmolLM2 pair)")
     target.add_argument("--draft-model-path", help="DSpark draft for --model-path")
     target.add_argument("--dtype", default="float32")
@@ -508,7 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--prompts-per-level", type=int,
                       help="requests per level (default 4 x concurrency, at least 8; 32 per rate level)")
     load.add_argument("--max-tokens", type=int, default=128, help="tokens generated per request (EOS ignored)")
-    load.add_argument("--temperature", type=float, default=0.0)
+    load.add_argument("--temperature", type=float, nargs="+", default=[0.0],
+                      help="sampling temperature(s); several: every level runs at each, with fresh prompts")
     load.add_argument("--dataset", default="builtin", help="builtin (default), a JSONL file or a ShareGPT JSON file")
     load.add_argument("--dataset-format", choices=["auto", "jsonl", "sharegpt"], default="auto")
     load.add_argument("--shuffle", action="store_true", help="shuffle a --dataset file (seeded)")

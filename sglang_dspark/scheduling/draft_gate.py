@@ -21,6 +21,12 @@ probes keep saying "pause": a pause costs at most one draft block per ``probe_ma
 probe's confidences reach the capacity decision through the usual lag and bring drafting back when it pays again.
 The skipped-step cost is learned from skipped steps, so until a few have been measured the gate also skips one step
 in ``learn_skip_every`` (a plain decode step: it costs only the drafts it does not verify).
+
+A request the draft has not drafted for yet has no lagged confidence; upstream's planner reads it as survival 1 (verify
+everything), which is right for the admission of a drafted step but would make every arriving request restart
+drafting (and reset the probe back-off) however weak the draft has proved. :class:`SurvivalPrior` gives the gate the
+population's recent survivals for those rows instead; it is computed from confidences of steps that already ran, so it
+is known before the step's draft exists, like every other input of the gate.
 """
 
 from __future__ import annotations
@@ -34,7 +40,10 @@ import torch
 from sglang_dspark.scheduling.admission import _reachable_path_throughput
 from sglang_dspark.scheduling.cost_model import StepCostModel
 
-__all__ = ["GATE_MODES", "DraftChoice", "DraftGate", "GateDecision", "FlatCost", "sanitize_survival", "should_draft"]
+__all__ = [
+    "GATE_MODES", "DraftChoice", "DraftGate", "GateDecision", "FlatCost", "SurvivalPrior", "sanitize_survival",
+    "should_draft",
+]
 
 # auto: the cost decision below; off: draft every step (the behaviour before the gate); pause: never draft;
 # alternate: draft every other step; comeback: a test cost model (pause first, then drafting pays).
@@ -49,6 +58,44 @@ def sanitize_survival(survival: torch.Tensor) -> torch.Tensor:
     if a.shape[-1] == 0:
         return a
     return torch.cummin(a, dim=-1).values
+
+
+class SurvivalPrior:
+    """The draft's recent survival curve over the whole population, for rows with no lagged confidence of their own.
+
+    ``observe`` takes the ``[R, γ]`` survivals (cumulative products of the calibrated confidences) of a drafted step;
+    the prior is an exponential moving average of their row mean with weight ``weight`` per step. ``fill`` replaces
+    the rows marked unknown by it; before the first observation it leaves them as they are (upstream's 1: the first
+    steps of a server draft, which is how confidences appear at all)."""
+
+    def __init__(self, weight: float = 0.1) -> None:
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"SurvivalPrior weight must be in (0, 1], got {weight}")
+        self.weight = float(weight)
+        self.mean: Optional[torch.Tensor] = None  # [γ] float64
+        self.observations = 0
+
+    def observe(self, survival: torch.Tensor) -> None:
+        rows = sanitize_survival(survival)
+        if rows.dim() != 2 or rows.shape[0] == 0:
+            return
+        batch_mean = rows.mean(dim=0)
+        if self.mean is None or self.mean.shape != batch_mean.shape:
+            self.mean = batch_mean
+        else:
+            self.mean = self.mean + self.weight * (batch_mean - self.mean)
+        self.observations += 1
+
+    def fill(self, survival: torch.Tensor, known_rows: Optional[torch.Tensor]) -> torch.Tensor:
+        """``survival`` with the rows where ``known_rows`` is False set to the prior (``known_rows`` None: all known)."""
+        if self.mean is None or known_rows is None or survival.shape[-1] != self.mean.shape[0]:
+            return survival
+        unknown = ~known_rows.to(device="cpu", dtype=torch.bool).view(-1)
+        if not bool(unknown.any()):
+            return survival
+        filled = survival.detach().to("cpu", torch.float64).clone()
+        filled[unknown] = self.mean
+        return filled
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,8 @@ class AdmissionStats:
             self._bin_label_sums = torch.zeros(ECE_BINS, dtype=torch.float64)
             self._timed_steps = 0
             self._step_seconds_sum = 0.0
+            self._timed_drafted_steps = 0  # of the timed steps, those that ran the draft block
+            self._drafted_step_seconds_sum = 0.0
             self._window_predictions = torch.zeros(self.calibration_window, dtype=torch.float32)
             self._window_labels = torch.zeros(self.calibration_window, dtype=torch.float32)
             self._window_next = 0  # ring-buffer write position
@@ -172,6 +174,9 @@ class AdmissionStats:
             if step_seconds is not None:
                 self._timed_steps += 1
                 self._step_seconds_sum += float(step_seconds)
+                if drafted:
+                    self._timed_drafted_steps += 1
+                    self._drafted_step_seconds_sum += float(step_seconds)
             if calibration is not None:
                 self._push_calibration(*calibration)
 
@@ -243,6 +248,11 @@ class AdmissionStats:
                     "label_sum": self._bin_label_sums.tolist(),
                 },
                 "mean_step_ms": _ratio(1000.0 * self._step_seconds_sum, self._timed_steps),
+                # Lifetime sums, so that a client can difference two snapshots (the load test's per-level step times).
+                "timed_steps": self._timed_steps,
+                "step_seconds_sum": self._step_seconds_sum,
+                "timed_drafted_steps": self._timed_drafted_steps,
+                "drafted_step_seconds_sum": self._drafted_step_seconds_sum,
             }
         # The O(window) part runs outside the lock.
         result["ece"] = expected_calibration_error(predictions, labels) if filled else None

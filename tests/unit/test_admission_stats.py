@@ -48,7 +48,8 @@ def test_empty_summary_is_json_and_has_every_key():
     assert set(summary) == {
         "policy", "sps", "steps", "mean_admitted_draft_len", "admitted_len_histogram", "mean_accept_len", "ece",
         "ece_window", "mean_predicted_survival", "mean_observed_survival", "mean_step_ms", "accepted_len_histogram",
-        "calibration_bins", "drafted_steps", "drafted_step_share", "draft_gate",
+        "calibration_bins", "drafted_steps", "drafted_step_share", "draft_gate", "timed_steps", "step_seconds_sum",
+        "timed_drafted_steps", "drafted_step_seconds_sum",
     }
     assert summary["steps"] == 0 and summary["drafted_steps"] == 0 and summary["drafted_step_share"] is None and summary["ece_window"] == 0 and summary["admitted_len_histogram"] == []
     assert summary["ece"] is None and summary["mean_accept_len"] is None and summary["sps"] is None

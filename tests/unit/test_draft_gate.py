@@ -10,7 +10,9 @@ import torch
 from sglang_dspark import envs
 from sglang_dspark.engine.step_record import StepRecorder
 from sglang_dspark.scheduling.admission import capacity_from_survival
-from sglang_dspark.scheduling.draft_gate import GATE_MODES, DraftGate, FlatCost, sanitize_survival, should_draft
+from sglang_dspark.scheduling.draft_gate import (
+    GATE_MODES, DraftGate, FlatCost, SurvivalPrior, sanitize_survival, should_draft,
+)
 from sglang_dspark.scheduling.stats import AdmissionStats
 
 
@@ -127,6 +129,45 @@ def test_probe_cost_is_bounded():
     decisions = [_decide(gate, LOW) for _ in range(2000)]
     drafted = sum(d.draft for d in decisions)
     assert drafted <= 2000 / 64 + 5  # in the long run one draft block per probe_max + 1 steps
+
+
+def test_survival_prior_is_the_running_population_mean():
+    prior = SurvivalPrior(weight=0.5)
+    unknown_row = torch.tensor([[1.0, 1.0, 1.0], [0.5, 0.2, 0.1]])
+    known = torch.tensor([False, True])
+    assert torch.equal(prior.fill(unknown_row, known), unknown_row)  # nothing observed yet: upstream's 1 stays
+    prior.observe(torch.tensor([[0.2, 0.1, 0.0], [0.4, 0.1, 0.0]]))
+    prior.observe(torch.tensor([[0.5, 0.3, 0.1]]))
+    # EMA of row means: [0.3, 0.1, 0.0] then halfway to [0.5, 0.3, 0.1].
+    assert prior.mean.tolist() == pytest.approx([0.4, 0.2, 0.05])
+    filled = prior.fill(unknown_row, known)
+    assert filled[0].tolist() == pytest.approx([0.4, 0.2, 0.05]) and filled[1].tolist() == pytest.approx([0.5, 0.2, 0.1])
+    assert torch.equal(prior.fill(unknown_row, None), unknown_row)
+    with pytest.raises(ValueError, match="weight"):
+        SurvivalPrior(weight=0.0)
+
+
+def test_arriving_requests_do_not_restart_a_weak_draft():
+    """A request that arrives while the gate is paused has no confidence yet (upstream: survival 1). Read as 1, every
+    arrival drafts and resets the probe back-off; read through the population prior, the pause holds."""
+    fresh_every = 8  # one arrival every 8 steps (c = 1, short answers)
+
+    def run(prior):
+        gate = DraftGate("auto", probe_min=4, probe_max=64)
+        drafted = 0
+        for step in range(512):
+            arriving = step % fresh_every == 0
+            survival = torch.ones(1, 3) if arriving else LOW
+            if prior is not None:
+                prior.observe(LOW)
+                survival = prior.fill(survival, torch.tensor([not arriving]))
+            drafted += _decide(gate, survival).draft
+        return drafted, gate
+
+    without_prior, gate = run(None)
+    assert without_prior >= 512 / fresh_every and gate.resumes >= 60  # every arrival drafts
+    with_prior, gate = run(SurvivalPrior())
+    assert with_prior <= 512 / 64 + 5 and gate.resumes == 0  # only the probes of one pause
 
 
 def test_no_information_drafts():

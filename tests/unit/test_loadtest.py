@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from sglang_dspark.loadtest import engine, prompts, runner
+from sglang_dspark.loadtest import engine, prompts, report, runner
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +96,13 @@ def test_admission_delta_is_the_traffic_between_snapshots():
     assert engine.admission_delta({}, None) is None  # not a DSPARK server of ours
     gated = engine.admission_delta(dict(before, drafted_steps=10), dict(after, drafted_steps=13))
     assert gated["drafted_step_share"] == pytest.approx(3 / 6)  # 3 of the level's 6 steps drafted
+    assert d["drafted_step_ms"] is None and d["skipped_step_ms"] is None  # no timed steps
+    timed = engine.admission_delta(
+        dict(before, timed_steps=10, step_seconds_sum=1.0, timed_drafted_steps=2, drafted_step_seconds_sum=0.3),
+        dict(after, timed_steps=16, step_seconds_sum=1.8, timed_drafted_steps=4, drafted_step_seconds_sum=0.54),
+    )
+    # The level: 2 drafted steps in 0.24 s, 4 skipped steps in 0.56 s.
+    assert timed["drafted_step_ms"] == pytest.approx(120.0) and timed["skipped_step_ms"] == pytest.approx(140.0)
 
 
 def test_launch_configs_set_the_documented_switches():
@@ -109,6 +116,10 @@ def test_launch_configs_set_the_documented_switches():
 
 
 # ------------------------------------------------------------------------------------------------ request engine
+
+
+def _even_tail(prompt: str) -> bool:
+    return len(prompt) % 2 == 0
 
 
 def fake_request_func(log, *, delay=0.02, tokens_per_chunk=2, verify=True):
@@ -129,6 +140,9 @@ def fake_request_func(log, *, delay=0.02, tokens_per_chunk=2, verify=True):
             out.itl = [delay / 2 / chunks] * (chunks - 1)
             out.text_chunks = ["tok " * tokens_per_chunk] * (chunks - 1)
             out.latency = time.perf_counter() - start
+            # The answer's text: the prompt, except that server 2 answers prompts ending in an even digit otherwise.
+            prompt = request_func_input.prompt
+            out.generated_text = prompt + ("!" if ":2/" in request_func_input.api_url and _even_tail(prompt) else "")
             if verify:
                 out.spec_verify_ct = chunks
             log.append((request_func_input.api_url, request_func_input.prompt, request_func_input.model,
@@ -323,11 +337,41 @@ def test_sweep_writes_json_png_and_table_with_a_fake_engine(serving, monkeypatch
     assert sorted(first) == sorted(second) and len(set(first)) == len(first) == 6
     level1 = set(first[:3])
     assert level1 == set(second[:3]) and not level1 & set(first[3:])
+    # Outputs compared with the baseline's, prompt by prompt: the fake server 2 changed those with an even length.
+    assert 0 < sum(_even_tail(p) for p in first) < 6  # some answers differ, some do not
+    for config in result["configs"]:
+        for level, prompts in zip(config["levels"], (first[:3], first[3:])):
+            changed = sum(_even_tail(p) for p in prompts) if config["label"] == "fast" else 0
+            assert level["same_output"] == [3 - changed, 3]
     table = capsys.readouterr().out
     assert "| fast | c=2 |" in table and "python -m sglang_dspark.loadtest --url" in table
+    assert "same text as base" in table
     # --replot redraws from the JSON alone
     assert runner.main(["--replot", str(out_dir / "loadtest.json"), "--output-dir", str(tmp_path / "re")]) == 0
     assert (tmp_path / "re" / "frontier.png").is_file()
+
+
+def test_several_temperatures_are_levels_with_fresh_prompts(serving, monkeypatch, tmp_path):
+    log = []
+    monkeypatch.setattr(serving, "async_request_openai_chat_completions", fake_request_func(log))
+    monkeypatch.setattr(runner, "probe_server", lambda url, model=None: runner.ServerInfo(url=url, model="m"))
+    monkeypatch.setattr(runner, "warm_up", lambda info, timeout: None)
+    monkeypatch.setattr(engine, "server_snapshot", lambda url, timeout=30.0: {})
+    out_dir = tmp_path / "out"
+    rc = runner.main(["--url", "http://127.0.0.1:1", "http://127.0.0.1:2", "--label", "base", "fast",
+                      "--concurrency", "1", "2", "--temperature", "0", "0.7", "--prompts-per-level", "2",
+                      "--max-tokens", "8", "--output-dir", str(out_dir), "--quiet"])
+    assert rc == 0
+    result = json.loads((out_dir / "loadtest.json").read_text())
+    keys = ["c=1 T=0", "c=2 T=0", "c=1 T=0.7", "c=2 T=0.7"]
+    for config in result["configs"]:
+        assert [report.level_key(lv) for lv in config["levels"]] == keys
+        # Outputs are compared at temperature 0 only (sampled answers differ by design).
+        assert [lv.get("same_output") is not None for lv in config["levels"]] == [True, True, False, False]
+    sent = [(body["temperature"], prompt) for url, prompt, _, body in log if url.startswith("http://127.0.0.1:1")]
+    assert [t for t, _ in sent] == [0.0] * 4 + [0.7] * 4
+    assert len({p for _, p in sent}) == 8  # a fresh prompt for every request of every level
+    assert (out_dir / "frontier.png").is_file()
 
 
 def test_interrupt_during_server_start_stops_the_half_started_server(monkeypatch, tmp_path):

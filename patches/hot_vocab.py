@@ -77,8 +77,9 @@ def hot_vocab_blocker(draft_model, hot: HotVocab) -> Optional[str]:
         return f"{type(draft_model).__name__} is not a dense DSpark draft"
     if int(getattr(lm_head, "tp_size", 1)) > 1 or getattr(draft_model, "_base_logits_gatherer", None) is not None:
         return "the LM head is vocab-parallel (tensor parallelism)"
-    if dspark.should_apply_lm_head_quant_method(lm_head, lm_head.quant_method) or getattr(dspark, "_DSPARK_FP8_LM_HEAD",
-                                                                                         False):
+    quant_method = getattr(lm_head, "quant_method", None)
+    if (quant_method is not None and dspark.should_apply_lm_head_quant_method(lm_head, quant_method)) or getattr(
+            dspark, "_DSPARK_FP8_LM_HEAD", False):
         return "the LM head is quantized (or fp8)"
     if not lm_head.weight.is_floating_point():
         return "the LM head weight is not floating point"

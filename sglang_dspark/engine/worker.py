@@ -114,6 +114,9 @@ class DSparkWorker(DSparkWorkerV2):
             return
         lm_head = getattr(self.draft_model, "lm_head", None)
         vocab_size = int(getattr(lm_head, "org_vocab_size", 0) or 0)
+        if vocab_size == 0:
+            logger.info("sglang-dspark hot vocabulary not used (the draft has no LM head attached)")
+            return
         hot = load_hot_vocab(draft_path, vocab_size)  # a broken file stops start-up, naming the file and the fix
         if hot is None:
             return

@@ -19,8 +19,10 @@ Which kernels run this on a GPU, and from which metadata (SGLang 0.5.23, ``sglan
   (``speculative/ragged_verify.py`` ``build_ragged_target_verify_geometry``, ``speculative/dflash_info.py``
   ``generate_attn_arg_prefill``).
 
-There is no Triton kernel of ours here: the Triton side of the parity test is SGLang's own ``extend_attention_fwd``
-(tests/unit/test_ragged_verify_triton.py runs it under ``TRITON_INTERPRET=1`` with the metadata our patch builds).
+Our Triton version beside this reference, ``ragged_verify_attention_triton.py``, is what ``scripts/
+gpu_kernels_check.py`` measures on a bare GPU machine. In serving, SGLang's Triton backend keeps its own
+``extend_attention_fwd`` fed by our patch (tests/unit/test_ragged_verify_triton.py runs that kernel under
+``TRITON_INTERPRET=1`` with the metadata our patch builds).
 
 This module must stay free of sglang imports (pure torch).
 """

@@ -7,6 +7,7 @@ platform, in every SGLang process (``sglang_dspark.plugin.register``).
 | id | upstream assumes (SGLang 0.5.23) | what we do | how |
 | --- | --- | --- | --- |
 | B1 | ``_handle_dspark`` accepts only cuda/npu/xpu | run upstream's resolution with a view whose device reads "cuda" | called by ``engine/arg_resolution.py`` (the one AROUND hook on ``_handle_dspark``) |
+| B1b | ``_handle_dspark`` caps ``max_running_requests`` at 48 unless given (a GPU graph/memory default for every speculative algorithm) | on the CPU, keep SGLang's own default (what a non-speculative server gets): at 64 users the cap queued 16 requests | same hook, after upstream's resolution |
 | B2 | the draft's attention backend is in an allow-list without ``intel_amx`` (else flashinfer, absent on CPU) | add ``intel_amx`` to the list | data patch |
 | B3 | the fused draft-KV write is a Triton kernel | CPU pools return no bundle: the method's own torch path runs | AROUND hook |
 | B4 | ``Tensor.record_stream`` gets a CUDA stream | no-op for CPU tensors (no caching-allocator streams to record) | method patch |
@@ -55,16 +56,26 @@ def handle_dspark_allowing_cpu(original, server_args):
     Only the device guard reads ``cfg.device`` there; we run upstream's own code with a view whose device reads
     "cuda", so every other resolution step stays upstream's.
     """
-    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 
-    if resolving_view(server_args).device != "cpu":
+    view = resolving_view(server_args)
+    if view.device != "cpu":
         return original(server_args)
+    user_capped = view.max_running_requests is not None
     module_globals = dict(original.__globals__)
     module_globals["resolving_view"] = lambda args: _DeviceReadsAsCuda(resolving_view(args))
     clone = types.FunctionType(
         original.__code__, module_globals, original.__name__, original.__defaults__, original.__closure__
     )
-    return clone(server_args)
+    result = clone(server_args)
+    upstream_cap = resolving_view(server_args).max_running_requests
+    if not user_capped and upstream_cap is not None:
+        # B1b: no CUDA graphs or graph memory to bound on the CPU; a speculative server should take as many users as
+        # the same server without speculation (the SPS profile covers up to 48 requests and extrapolates beyond).
+        declare_resolution(server_args, "sglang_dspark.patches.cpu_dspark", max_running_requests=None)
+        logger.info("sglang-dspark: on the CPU, DSPARK keeps SGLang's own max running requests (upstream caps "
+                    "speculative servers at %d for GPU graphs; pass --max-running-requests to set it)", upstream_cap)
+    return result
 
 
 def fused_kv_write_bundle_off_on_cpu(original, self, pool):

@@ -1,9 +1,11 @@
 """Ragged (compact) DSpark verify on SGLang 0.5.23's FlashInfer MHA backend inside CUDA graphs (issue #10).
 
-OFF by default: nothing here is registered unless ``apply()`` is called, and ``engine/verify_mode.py`` keeps
-flashinfer static under CUDA graphs. FlashInfer's JIT kernels need a GPU, so only the host side below is tested on
-the CPU (tests/unit/test_ragged_verify_flashinfer.py); ``GPU_CHECKS`` lists what a GPU run must show before the gate
-opens.
+Installed (``apply()``, by ``plugin.register`` in the scheduler processes) only where the launcher chose compact on
+flashinfer with CUDA graphs, which it does only after this patch passed the on-device self-check at start-up
+(``engine/ragged_self_check.py``: the FlashInfer half of ``engine/ragged_verify_parity.py`` on the GPU, cached per GPU
+and software); otherwise flashinfer stays static under graphs. FlashInfer's JIT kernels need a GPU, so only the host
+side below is tested on the CPU (tests/unit/test_ragged_verify_flashinfer.py); ``GPU_CHECKS`` lists what a
+maintainer's GPU run adds (scripts/gpu_smoke.sh).
 
 Upstream (paths under ``sglang/srt/`` unless ``FI:`` = flashinfer 0.7.4):
 
@@ -65,7 +67,7 @@ BACKEND = "sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend"
 GRAPH_METADATA_TARGET = f"{BACKEND}.init_forward_metadata_out_graph"
 GENERATE_ATTN_ARG_TARGET = "sglang.srt.speculative.dflash_info.DFlashVerifyInput.generate_attn_arg_prefill"
 
-# What a GPU run must show before engine/verify_mode.py may mark flashinfer graph-capable (also in
+# What a maintainer's GPU run checks beyond the start-up self-check (also in
 # scripts/gpu_smoke.sh's comment and ``python -m sglang_dspark.testing.gpu_smoke --backends flashinfer``).
 GPU_CHECKS = (
     "capture: every token tier T captures (no NotImplementedError / 'Capture cuda graph failed'), one wrapper set per "
@@ -406,8 +408,8 @@ def install_device_only_layout_fix() -> None:
 
 
 def apply() -> Optional[type]:
-    """Register the FlashInfer ragged-verify graph patch (OFF by default: call only behind an explicit switch, and
-    mark flashinfer graph-capable in engine/verify_mode.py only after the GPU_CHECKS pass). Returns the class."""
+    """Register the FlashInfer ragged-verify graph patch (plugin.register calls it only where the launcher exported
+    flashinfer after a passed self-check, engine/ragged_self_check.py). Returns the class."""
     global _applied
     from sglang_dspark.version_guard import require_supported_sglang
 

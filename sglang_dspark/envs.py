@@ -75,6 +75,13 @@ HOT_VOCAB = Switch(
     "(FR-Spec; exact, faster draft block); off: always the whole vocabulary",
     ("auto", "off"),
 )
+RAGGED_SELF_CHECK = Switch(
+    "SGLANG_DSPARK_RAGGED_SELF_CHECK", "auto",
+    "GPU, triton / flashinfer attention: auto (default): open compact verify after our ragged-verify patch passed an "
+    "on-device check (run once per GPU and software, kept in the cache folder); off: static verify there; force: "
+    "re-run the check at this start",
+    ("auto", "off", "force"),
+)
 CPU_PLATFORM = Switch(
     "SGLANG_DSPARK_CPU_PLATFORM", "1",
     "1 (default): activate the CPU platform when SGLang runs on the CPU; 0: never activate it",
@@ -97,7 +104,7 @@ STANDIN_TRACE = Switch(
 )
 
 SWITCHES: tuple[Switch, ...] = (
-    ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, HOT_VOCAB, CPU_PLATFORM, CPU_MARKOV_STEP, CACHE, STANDIN_TRACE,
+    ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, HOT_VOCAB, RAGGED_SELF_CHECK, CPU_PLATFORM, CPU_MARKOV_STEP, CACHE, STANDIN_TRACE,
 )
 
 

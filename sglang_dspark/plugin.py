@@ -45,14 +45,19 @@ def register() -> None:
     spec_length_headroom.install()
 
     # dflash_info's eager FlashInfer packing breaks on a device-only ragged layout (TypeError): fixed everywhere.
-    from sglang_dspark.engine.verify_mode import PLUGIN_TRITON_RAGGED_VERIFY
+    from sglang_dspark.engine.ragged_self_check import patched_backends
     from sglang_dspark.patches import flashinfer_ragged_verify
 
     flashinfer_ragged_verify.install_device_only_layout_fix()
-    if PLUGIN_TRITON_RAGGED_VERIFY:  # ragged verify on SGLang's Triton backend (see engine/verify_mode.py)
+    # Ragged verify on SGLang's Triton backend / FlashInfer in CUDA graphs (issue #10): only where the launcher chose
+    # compact for that backend after the patch passed its on-device self-check (engine/ragged_self_check.py).
+    ragged_patches = patched_backends()
+    if "triton" in ragged_patches:
         from sglang_dspark.patches import triton_ragged_verify
 
         triton_ragged_verify.apply()
+    if "flashinfer" in ragged_patches:
+        flashinfer_ragged_verify.apply()
     # The draft's logits over a hot vocabulary when the draft ships one (issue #11, FR-Spec); our worker marks the
     # draft at start-up (engine/worker.py), the hooks do nothing to an unmarked one.
     from sglang_dspark.patches import hot_vocab

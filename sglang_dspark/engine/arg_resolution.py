@@ -7,7 +7,8 @@
    confidence uncalibrated unless ``--speculative-dspark-confidence-sts-path`` is passed, and nothing should need
    tuning by hand. An explicit path always wins.
 4. With our worker, pick the verify mode (``engine/verify_mode.py``): compact only where the attention backend runs
-   ragged verify correctly in the mode in use (CUDA graphs or eager), static otherwise, with one log line saying
+   ragged verify correctly in the mode in use (CUDA graphs or eager; on triton / flashinfer graphs after our
+   patch's on-device self-check, ``engine/ragged_self_check.py``), static otherwise, with one log line saying
    why. SGLang builds the draft (and its confidence head) from ``SGLANG_RAGGED_VERIFY_MODE`` in the scheduler
    process, which inherits the launcher's environment; the choice is made here, before upstream's own resolution
    (so its "requires static" checks see it) and before any scheduler is spawned.
@@ -17,10 +18,17 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from sglang_dspark import envs
-from sglang_dspark.engine.verify_mode import VERIFY_MODE_ENV, decide_verify_mode, facts_from_server_args
+from sglang_dspark.engine.verify_mode import (
+    STATIC,
+    VERIFY_MODE_ENV,
+    decide_verify_mode,
+    facts_from_server_args,
+    needs_ragged_self_check,
+)
 from sglang_dspark.scheduling.policy import draft_has_confidence_head, read_admission_policy
 
 logger = logging.getLogger(__name__)
@@ -59,15 +67,33 @@ def _draft_path_known_before_upstream(view):
     return bundled if model and os.path.isfile(os.path.join(bundled, "config.json")) else None
 
 
+def _with_ragged_self_check(facts):
+    """Run (or read the kept verdict of) the on-device check that opens compact verify through our triton /
+    flashinfer patches, only where compact hangs on nothing else (engine/ragged_self_check.py)."""
+    from sglang_dspark.engine import ragged_self_check
+
+    result = ragged_self_check.self_check(facts.attention_backend, ragged_self_check.gpu_identity())
+    (logger.info if result.passed else logger.warning)(
+        "sglang-dspark: ragged verify self-check (%s%s): %s", facts.attention_backend,
+        ", kept from an earlier start" if result.cached else f", {result.seconds:.0f} s", result.detail)
+    return replace(facts, ragged_self_check=result.passed, ragged_self_check_detail=result.detail)
+
+
 def _apply_verify_mode(view, draft_path, policy, user_mode):
     """Decide compact vs static for this engine (backend, graphs, device, TP/DP/PD, draft) and export it: SGLang
-    reads SGLANG_RAGGED_VERIFY_MODE at every call and the scheduler processes inherit the environment."""
-    decision = decide_verify_mode(
-        facts_from_server_args(view, draft_has_confidence_head(draft_path), policy, user_mode)
-    )
+    reads SGLANG_RAGGED_VERIFY_MODE at every call and the scheduler processes inherit the environment, and so does
+    the list of ragged-verify patches our plugin installs there."""
+    from sglang_dspark.engine.ragged_self_check import export_patched_backends
+
+    facts = facts_from_server_args(view, draft_has_confidence_head(draft_path), policy, user_mode)
+    if needs_ragged_self_check(facts):
+        facts = _with_ragged_self_check(facts)
+    decision = decide_verify_mode(facts)
     (logger.warning if decision.downgraded else logger.info)("sglang-dspark: %s", decision.reason)
     os.environ[VERIFY_MODE_ENV] = decision.verify_mode
     os.environ[envs.ADMISSION.name] = decision.admission_policy  # the policy in effect (verify-all when static)
+    export_patched_backends([facts.attention_backend] if decision.verify_mode != STATIC and facts.ragged_self_check
+                            else [])
     return decision
 
 

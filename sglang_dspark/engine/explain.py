@@ -13,7 +13,10 @@ resolution steps the verify-mode decision depends on as small pure tables, each 
   (arg_groups/cuda_graph_hook.py:500-532), the runtime clamp to the request pool
   (model_executor/runner/base_cuda_graph_runner.py:77-102; DSPARK's default max_running_requests is 48,
   arg_groups/speculative_hook.py:852-857);
-* gamma: ``_handle_dspark`` (arg_groups/speculative_hook.py:806-839) over the draft's config.json.
+* gamma: ``_handle_dspark`` (arg_groups/speculative_hook.py:806-839) over the draft's config.json;
+* where compact runs through our triton / flashinfer patch, the launch first runs their on-device self-check
+  (``engine/ragged_self_check.py``); explain cannot run it and assumes the outcome ``ragged_self_check``
+  (``pass`` by default, ``fail`` shows the fallback), and says so in ``ragged_self_check``.
 
 A local ``--model-path`` / ``--speculative-draft-model-path`` folder is read (config.json only) when present; hub ids
 are never fetched.
@@ -22,6 +25,7 @@ are never fetched.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform as _platform
@@ -37,11 +41,13 @@ from sglang_dspark.engine.verify_mode import (
     decode_graph_backend,
     facts_from_server_args,
     hf_config_flags,
+    needs_ragged_self_check,
     verify_attention_backend,
 )
 
 OUTPUT_KEYS = ("attention_backend", "cuda_graph", "verify_mode", "reason", "admission_policy", "gamma",
-               "sps_probe_shapes")
+               "sps_probe_shapes", "ragged_self_check")
+SELF_CHECK_OUTCOMES = ("pass", "fail")
 DEFAULT_DSPARK_GAMMA = 7  # speculative/dspark_components/dspark_config.py:21
 DSPARK_DEFAULT_MAX_RUNNING_REQUESTS = 48  # arg_groups/speculative_hook.py:852-857
 
@@ -286,12 +292,15 @@ def _draft_path(raw: Any) -> Optional[str]:
 
 def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Optional[str] = None, *,
             policy: Optional[str] = None, user_mode: Optional[str] = None,
-            probe_shapes: ProbeShapes = planned_probe_shapes) -> dict:
+            probe_shapes: ProbeShapes = planned_probe_shapes, ragged_self_check: str = "pass") -> dict:
     """What a DSPARK launch with ``argv`` would run (see the module docstring). Keys: ``OUTPUT_KEYS``.
 
-    ``policy`` defaults to SGLANG_DSPARK_ADMISSION, ``user_mode`` to SGLANG_RAGGED_VERIFY_MODE. Raises ValueError
-    where the launch itself would be refused (e.g. a user-forced compact verify on an unsafe backend).
+    ``policy`` defaults to SGLANG_DSPARK_ADMISSION, ``user_mode`` to SGLANG_RAGGED_VERIFY_MODE; ``ragged_self_check``
+    (``pass`` / ``fail``) is the assumed outcome of the on-device self-check where the launch would run one. Raises
+    ValueError where the launch itself would be refused (e.g. a user-forced compact verify on an unsafe backend).
     """
+    if ragged_self_check not in SELF_CHECK_OUTCOMES:
+        raise ValueError(f"ragged_self_check must be one of {SELF_CHECK_OUTCOMES}, got {ragged_self_check!r}")
     from sglang_dspark import envs
     from sglang_dspark.scheduling.policy import draft_has_confidence_head
 
@@ -325,6 +334,13 @@ def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Op
     view.__dict__.update(vars(backends))
     facts = facts_from_server_args(view, has_head, policy, user_mode, hf_config=target_config,
                                    use_mla=flags["use_mla"], gpu_sm=gpu.sm if gpu is not None else None)
+    self_check_note = "not needed"
+    if needs_ragged_self_check(facts):
+        passed = ragged_self_check == "pass"
+        self_check_note = (f"runs at start-up on the GPU (our {facts.attention_backend} ragged-verify patch, once per "
+                           f"GPU and software); assumed to {ragged_self_check}: compact if it passes, static if not")
+        facts = dataclasses.replace(facts, ragged_self_check=passed, ragged_self_check_detail=(
+            "assumed to pass by explain" if passed else "assumed to fail by explain"))
     decision = decide_verify_mode(facts)
 
     max_requests = int(raw.max_running_requests or DSPARK_DEFAULT_MAX_RUNNING_REQUESTS)
@@ -342,6 +358,7 @@ def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Op
         "admission_policy": decision.admission_policy,
         "gamma": gamma,
         "sps_probe_shapes": shapes,
+        "ragged_self_check": self_check_note,
     }
 
 
@@ -354,6 +371,9 @@ def add_explain_parser(subparsers) -> None:
     parser.add_argument("--device", dest="assume_device", default=None, help="cuda (default with --gpu) or cpu")
     parser.add_argument("--gpu", dest="assume_gpu", default=None,
                         help=f"GPU to simulate: {', '.join(GPUS)}, or smNN")
+    parser.add_argument("--ragged-self-check", choices=SELF_CHECK_OUTCOMES, default="pass",
+                        help="assumed outcome of the start-up ragged-verify self-check on triton / flashinfer graphs "
+                             "(default pass; fail shows the static fallback)")
     parser.add_argument("launch_args", nargs=argparse.REMAINDER,
                         help="the python -m sglang.launch_server arguments, after --")
     parser.set_defaults(func=run_explain)
@@ -364,7 +384,8 @@ def run_explain(args: argparse.Namespace) -> int:
     if launch_args[:1] == ["--"]:
         launch_args = launch_args[1:]
     try:
-        result = explain(launch_args, args.assume_device, args.assume_gpu)
+        result = explain(launch_args, args.assume_device, args.assume_gpu,
+                         ragged_self_check=args.ragged_self_check)
     except ValueError as exc:
         print(f"sglang-dspark explain: {exc}")
         return 2

@@ -44,6 +44,7 @@ from sglang_dspark.scheduling.stats import get_admission_stats
 
 logger = logging.getLogger(__name__)
 
+CPU_PROFILED_MAX_REQUESTS = 48
 UPSTREAM_PLANNER_TARGET = "sglang.srt.speculative.dspark_components.dspark_planner.DSparkVerifyPlanner"
 
 
@@ -162,6 +163,10 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         from sglang_dspark.profiler.engine_measurer import obtain_sps_table
 
         max_requests = int(dspark_planner.get_schedule().max_running_requests or 48)
+        if str(getattr(self.model_runner, "device", "")).startswith("cpu"):
+            # On the CPU SGLang's own request limit applies (patches/cpu_dspark.py B1b, thousands): profile the request
+            # counts upstream's speculative default allows and extrapolate above (profiler/sps_table.py).
+            max_requests = min(max_requests, CPU_PROFILED_MAX_REQUESTS)
         try:
             obtained = obtain_sps_table(
                 model_runner=self.model_runner,

@@ -517,7 +517,7 @@ def flashinfer_graph_case(report: dict, seed: int = 400, *, device: str = "cuda"
 
 
 def flashinfer_patch_registration():
-    """Register the (default-off) FlashInfer patch next to the Triton one; after ``apply_hooks`` the returned callable
+    """Register the FlashInfer patch next to the Triton one; after ``apply_hooks`` the returned callable
     says whether it is live: the property on the class, the wrapped methods, idempotence."""
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput

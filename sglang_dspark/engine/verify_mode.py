@@ -26,11 +26,13 @@ Evidence (SGLang 0.5.23, paths under ``sglang/srt/``), one line per backend:
   (``speculative/dflash_info.py:153-171``).
 * ``triton``: upstream's flag is False (``layers/attention/base_attn_backend.py:65``) and nothing in
   ``triton_backend.py`` reads the layout (a uniform ``qo_indptr = arange(stride N)``: eager ``:1007-1016``, graph
-  buffers ``:601-609``: wrong tokens). The sglang-dspark patch ``patches/triton_ragged_verify.py`` (installed by
-  ``plugin.register`` when ``PLUGIN_TRITON_RAGGED_VERIFY`` is True) feeds the layout's device ``qo_indptr`` in eager mode and copies the padded layout
-  into the fixed graph buffers at capture and replay (max_extend_len = γ+1), and sets the flag: compact in both modes
-  while ``PLUGIN_TRITON_RAGGED_VERIFY`` is True. The Triton extend kernel reads ``qo_indptr`` on the device and needs
-  no host plan, so this adds no host sync (``needs_cpu_seq_lens = False``, ``triton_backend.py:153``).
+  buffers ``:601-609``: wrong tokens). The sglang-dspark patch ``patches/triton_ragged_verify.py`` feeds the layout's
+  device ``qo_indptr`` in eager mode, copies the padded layout into the fixed graph buffers at capture and replay
+  (max_extend_len = γ+1) and sets the flag; the Triton extend kernel reads ``qo_indptr`` on the device, so this adds
+  no host sync (``needs_cpu_seq_lens = False``, ``triton_backend.py:153``). Compact in both modes once the patch
+  passed the on-device self-check (``engine/ragged_self_check.py``).
+* ``flashinfer`` inside CUDA graphs: the sglang-dspark patch ``patches/flashinfer_ragged_verify.py`` (per-tier
+  wrappers, exact host plans through upstream's ``fast_prefill_plan``), behind the same self-check.
 * ``intel_amx`` (CPU): upstream metadata is uniform-width (``layers/attention/intel_amx_backend.py:83-91``); our CPU
   patch B8 packs by the layout (``patches/cpu_dspark.py``, ``amx_extend_metadata_with_ragged_verify``), and our
   ``extend_attention_cpu`` stand-in takes per-request ``extend_seq_lens`` (``cpu/sgl_kernel_standin/attention.py``).
@@ -47,7 +49,7 @@ Evidence (SGLang 0.5.23, paths under ``sglang/srt/``), one line per backend:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 STATIC = "static"
@@ -69,11 +71,9 @@ ADMISSION_POLICIES = ("async", "exact", VERIFY_ALL, "off")
 #   different forward counts -> NCCL hang at start-up, different tables -> different graph tiers per rank).
 PLUGIN_SPS_PROBES_TIER_ALIGNED = True
 PLUGIN_SPS_PROFILE_RANK_CONSISTENT = True
-# * the Triton backend runs ragged verify in eager mode and inside CUDA graphs (issue #10):
-#   patches/triton_ragged_verify.py. Checked on CPU only (kernel parity under TRITON_INTERPRET=1, graph buffers
-#   simulated), never on a GPU: closed until `scripts/gpu_smoke.sh --backends triton` passes there. Until then triton
-#   keeps upstream's static mode, which is correct; plugin.register installs the patch only when this is True.
-PLUGIN_TRITON_RAGGED_VERIFY = False
+# Compact on triton (both modes) and on flashinfer inside CUDA graphs runs through our patches, checked on the CPU
+# only (TRITON_INTERPRET=1, a FlashInfer stand-in): on a GPU they open after the on-device self-check passed
+# (engine/ragged_self_check.py; EngineFacts.ragged_self_check), else static, which is correct everywhere.
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,15 @@ class BackendSupport:
     graph_evidence: str
     eager_evidence: str
     requires_sm_major: Optional[int] = None  # e.g. 10: trtllm-gen only (xqa on sm90/sm120 refuses ragged)
+    # the mode runs through a sglang-dspark patch that opens only after the on-device self-check passed
+    graph_self_check: bool = False
+    eager_self_check: bool = False
 
     def evidence(self, cuda_graph: bool) -> str:
         return self.graph_evidence if cuda_graph else self.eager_evidence
+
+    def needs_self_check(self, cuda_graph: bool) -> bool:
+        return self.graph_self_check if cuda_graph else self.eager_self_check
 
 
 _FA = BackendSupport(
@@ -107,22 +113,21 @@ _MHA_SUPPORT: dict[str, BackendSupport] = {
         requires_sm_major=10,
     ),
     "flashinfer": BackendSupport(
-        False, True,
-        "FlashInfer raises NotImplementedError for ragged verify at CUDA-graph capture (flashinfer_backend.py:754-762)",
+        True, True,
+        "sglang-dspark patch flashinfer_ragged_verify: upstream raises NotImplementedError for ragged verify at "
+        "CUDA-graph capture (flashinfer_backend.py:754-762); the patch plans per-tier wrappers from exact host lengths "
+        "through fast_prefill_plan (:180-313)",
         "eager TARGET_VERIFY packs by the layout (flashinfer_backend.py:2270-2281, dflash_info.py:153-171)",
+        graph_self_check=True,
     ),
     "triton": BackendSupport(
         True, True,
         "sglang-dspark patch triton_ragged_verify: the padded layout's qo_indptr copied into the fixed graph buffer at "
-        "capture and replay (triton_backend.py:592-609), max_extend_len = γ+1 (:1321-1339), "
-        "supports_ragged_verify_graph set (base_attn_backend.py:65, decode_cuda_graph_runner.py:927-929)",
-        "sglang-dspark patch triton_ragged_verify: eager qo_indptr from the layout instead of the uniform arange "
-        "(triton_backend.py:1007-1016)",
-    ) if PLUGIN_TRITON_RAGGED_VERIFY else BackendSupport(
-        False, False,
-        "supports_ragged_verify_graph is False (base_attn_backend.py:65)",
-        "triton_backend.py never reads ragged_verify_layout: TARGET_VERIFY uses a uniform qo_indptr (:1007-1016), "
-        "so compact rows are mis-segmented (wrong tokens)",
+        "capture and replay (upstream's uniform buffers: triton_backend.py:592-609), max_extend_len = γ+1 "
+        "(:1321-1339), supports_ragged_verify_graph set (base_attn_backend.py:65, decode_cuda_graph_runner.py:927-929)",
+        "sglang-dspark patch triton_ragged_verify: eager qo_indptr from the layout instead of upstream's uniform "
+        "arange (triton_backend.py:1007-1016)",
+        graph_self_check=True, eager_self_check=True,
     ),
     "torch_native": BackendSupport(
         False, False,
@@ -178,9 +183,12 @@ def backend_support(attention_backend: Optional[str], *, use_mla: bool = False, 
     return _table(device, use_mla).get(str(attention_backend or ""), _NO_SUPPORT)
 
 
-def compact_capable_backends(*, cuda_graph: bool, use_mla: bool = False, device: str = "cuda") -> frozenset[str]:
-    """Backends that run compact verify correctly in the given mode (ignoring GPU-architecture conditions)."""
-    return frozenset(name for name, s in _table(device, use_mla).items() if (s.graph if cuda_graph else s.eager))
+def compact_capable_backends(*, cuda_graph: bool, use_mla: bool = False, device: str = "cuda",
+                             self_checked: bool = True) -> frozenset[str]:
+    """Backends that run compact verify correctly in the given mode (ignoring GPU-architecture conditions);
+    ``self_checked=False`` leaves out those that need our patch's on-device self-check first."""
+    return frozenset(name for name, s in _table(device, use_mla).items()
+                     if (s.graph if cuda_graph else s.eager) and (self_checked or not s.needs_self_check(cuda_graph)))
 
 
 @dataclass(frozen=True)
@@ -218,6 +226,24 @@ class EngineFacts:
     sps_table_from_file: bool = False  # --speculative-dspark-sps-table-path: no start-up probes, same table per rank
     sps_probes_tier_aligned: bool = PLUGIN_SPS_PROBES_TIER_ALIGNED
     sps_profile_rank_consistent: bool = PLUGIN_SPS_PROFILE_RANK_CONSISTENT
+    # the on-device ragged-verify self-check of our triton / flashinfer patches (engine/ragged_self_check.py):
+    # True passed, False failed or skipped, None not run; the detail goes into the reason
+    ragged_self_check: Optional[bool] = None
+    ragged_self_check_detail: str = ""
+
+
+def needs_ragged_self_check(f: "EngineFacts") -> bool:
+    """Whether compact is wanted here (by the policy or the user) and hangs only on the on-device self-check of our
+    patch, so that the check is worth running."""
+    forced = (f.user_mode or "").strip().lower()
+    wants_compact = forced in (COMPACT, CAP_ACCEPT) or (not forced and (f.policy or "").strip().lower() != VERIFY_ALL)
+    device = (f.device or "").split(":", 1)[0]
+    if device != "cuda" or not wants_compact:
+        return False
+    support = backend_support(f.attention_backend, use_mla=f.use_mla)
+    if not support.needs_self_check(f.cuda_graph):
+        return False
+    return not _blockers(replace(f, ragged_self_check=True))
 
 
 @dataclass(frozen=True)
@@ -259,6 +285,13 @@ def _blockers(f: EngineFacts) -> list[str]:
                 "use --attention-backend fa3 (sm80/sm90) or trtllm_mha (sm100)")
             out.append(f"attention backend {backend} cannot run compact verify in {mode} "
                        f"({support.evidence(f.cuda_graph)}); {fix}")
+        elif support.needs_self_check(f.cuda_graph) and f.ragged_self_check is not True:
+            out.append(
+                f"attention backend {backend} runs compact verify in {mode} only through sglang-dspark's patch "
+                f"({support.evidence(f.cuda_graph)}), opened after its on-device self-check passes (self-check: "
+                f"{f.ragged_self_check_detail or 'not run'}); see the server log, or use --attention-backend fa3 "
+                "(sm80/sm90) / trtllm_mha (sm100)"
+            )
         elif support.requires_sm_major is not None and (
                 f.gpu_sm is None or f.gpu_sm // 10 != support.requires_sm_major):
             arch = f"sm{f.gpu_sm}" if f.gpu_sm is not None else "an unknown GPU architecture"
@@ -587,5 +620,6 @@ __all__ = [
     "decode_graph_backend",
     "facts_from_server_args",
     "hf_config_flags",
+    "needs_ragged_self_check",
     "verify_attention_backend",
 ]

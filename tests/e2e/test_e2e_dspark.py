@@ -6,6 +6,7 @@ Every server is a real SGLang 0.5.23 process on 127.0.0.1 started with the stock
 
 from __future__ import annotations
 
+import re
 
 import pytest
 
@@ -51,6 +52,21 @@ def test_speculative_path_really_ran(our_dspark):
         assert meta["spec_accept_length"] >= 1.0
     # Our subclass (not upstream's class) served, in the scheduler process.
     assert "sglang-dspark DSPARK worker active" in our_dspark["log"]
+
+
+def _running_request_limit(log: str) -> int:
+    return int(re.search(r"max_running_requests=(\d+)", log).group(1))
+
+
+def test_cpu_dspark_takes_as_many_users_as_nospec(our_dspark, tiny_pair, launch):
+    """Upstream caps speculative servers at 48 running requests (a GPU graph default); on the CPU ours keeps
+    SGLang's own limit (patches/cpu_dspark.py B1b), and an explicit --max-running-requests still wins."""
+    assert _running_request_limit(our_dspark["log"]) > 48
+    assert "keeps SGLang's own max running requests" in our_dspark["log"]
+    with launch(tiny_pair.target_dir, [*dspark_args(tiny_pair.draft_dir), "--max-running-requests", "6"]) as server:
+        out = generate_all(server, PROMPTS[:8], GREEDY, concurrency=8)
+        log = server.log_text()
+    assert _running_request_limit(log) == 6 and len(out) == 8
 
 
 def test_sampled_requests_complete(our_dspark):

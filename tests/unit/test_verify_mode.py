@@ -29,6 +29,7 @@ from sglang_dspark.engine.verify_mode import (
     decide_verify_mode,
     decode_graph_backend,
     facts_from_server_args,
+    needs_ragged_self_check,
     verify_attention_backend,
 )
 
@@ -36,6 +37,9 @@ from sglang_dspark.engine.verify_mode import (
 # backends whose TARGET_VERIFY runs a compact layout correctly, per mode, for MHA targets on CUDA.
 GRAPH_SAFE_MHA = {"fa3", "fa4", "trtllm_mha"}
 EAGER_SAFE_MHA = {"fa3", "fa4", "trtllm_mha", "flashinfer"}
+# ... and through our patches, once their on-device self-check passed (engine/ragged_self_check.py)
+GRAPH_SAFE_AFTER_SELF_CHECK = {"flashinfer", "triton"}
+EAGER_SAFE_AFTER_SELF_CHECK = {"triton"}
 NEEDS_SM10X = {"trtllm_mha"}
 ALL_BACKENDS = ["fa3", "fa4", "trtllm_mha", "flashinfer", "triton", "torch_native", "intel_amx", "aiter",
                 "flex_attention", "hpc_ops", "wave", "ascend", "intel_xpu", "flashmla", "trtllm_mla", None]
@@ -65,11 +69,26 @@ DECISION_TABLE = [
     ("trtllm-sm120-xqa-eager", gpu_facts("trtllm_mha", RTX5090, graph=False), STATIC, "verify-all", "trtllm-gen"),
     ("trtllm-unknown-gpu", gpu_facts("trtllm_mha", None), STATIC, "verify-all", "unknown GPU"),
     ("flashinfer-a100-graphs", gpu_facts("flashinfer", A100), STATIC, "verify-all", "flashinfer_backend.py:754-762"),
-    ("flashinfer-l40s-graphs", gpu_facts("flashinfer", L40S), STATIC, "verify-all", "--cuda-graph-backend-decode"),
+    ("flashinfer-l40s-graphs", gpu_facts("flashinfer", L40S), STATIC, "verify-all", "self-check: not run"),
     ("flashinfer-b200-graphs", gpu_facts("flashinfer", B200), STATIC, "verify-all", "NotImplementedError"),
+    ("flashinfer-graphs-self-check-passed", gpu_facts("flashinfer", A100, ragged_self_check=True), COMPACT, "async",
+     "flashinfer_ragged_verify"),
+    ("flashinfer-graphs-self-check-failed", gpu_facts("flashinfer", L40S, ragged_self_check=False,
+                                                       ragged_self_check_detail="replay 2 wrong"), STATIC,
+     "verify-all", "replay 2 wrong"),
     ("flashinfer-a100-eager", gpu_facts("flashinfer", A100, graph=False), COMPACT, "async", "dflash_info.py"),
+    ("flashinfer-eager-needs-no-self-check", gpu_facts("flashinfer", A100, graph=False, ragged_self_check=False),
+     COMPACT, "async", "dflash_info.py"),
     ("triton-graphs", gpu_facts("triton", A100), STATIC, "verify-all", "triton"),
     ("triton-eager", gpu_facts("triton", A100, graph=False), STATIC, "verify-all", "1007-1016"),
+    ("triton-graphs-self-check-passed", gpu_facts("triton", A100, ragged_self_check=True), COMPACT, "async",
+     "triton_ragged_verify"),
+    ("triton-eager-self-check-passed", gpu_facts("triton", A100, graph=False, ragged_self_check=True), COMPACT,
+     "async", "triton_ragged_verify"),
+    ("triton-graphs-self-check-failed", gpu_facts("triton", A100, ragged_self_check=False), STATIC, "verify-all",
+     "self-check"),
+    ("mla-triton-self-check-passed", gpu_facts("triton", A100, use_mla=True, ragged_self_check=True), STATIC,
+     "verify-all", "triton"),
     ("aiter-eager", gpu_facts("aiter", None, graph=False), STATIC, "verify-all", "aiter"),
     ("tp2-fa3-per-rank-tables", gpu_facts("fa3", H100, tp_size=2, sps_profile_rank_consistent=False), STATIC,
      "verify-all", "--tp-size 2"),
@@ -77,6 +96,8 @@ DECISION_TABLE = [
                                      sps_table_from_file=True), COMPACT, "async", "fa3"),
     ("tp2-fa3-consistent-profiler", gpu_facts("fa3", H100, tp_size=2), COMPACT, "async", "fa3"),
     ("tp2-flashinfer-graphs", gpu_facts("flashinfer", A100, tp_size=2), STATIC, "verify-all", "flashinfer"),
+    ("tp2-flashinfer-graphs-self-checked", gpu_facts("flashinfer", A100, tp_size=2, ragged_self_check=True), COMPACT,
+     "async", "flashinfer"),
     ("graphs-profiler-not-tier-aligned", gpu_facts("fa3", H100, sps_probes_tier_aligned=False), STATIC, "verify-all",
      "tier mismatch"),
     ("graphs-profiler-table-file", gpu_facts("fa3", H100, sps_probes_tier_aligned=False, sps_table_from_file=True),
@@ -151,7 +172,9 @@ def test_downgrade_flag_and_blockers():
 @pytest.mark.parametrize("facts,needles", [
     (gpu_facts("flashinfer", A100, user_mode="compact"), ["flashinfer", "SGLANG_RAGGED_VERIFY_MODE", "Unset"]),
     (gpu_facts("flashinfer", L40S, user_mode="cap-accept"), ["flashinfer", "cap-accept"]),
-    (gpu_facts("triton", A100, graph=False, user_mode="compact"), ["triton", "1007-1016"]),
+    (gpu_facts("triton", A100, graph=False, user_mode="compact"), ["triton", "1007-1016", "self-check"]),
+    (gpu_facts("triton", A100, user_mode="compact", ragged_self_check=False, ragged_self_check_detail="timed out"),
+     ["triton", "timed out"]),
     (gpu_facts("trtllm_mha", H100, user_mode="compact"), ["trtllm_mha", "sm90"]),
     (gpu_facts("fa3", H100, user_mode="compact", has_confidence_head=False), ["confidence head"]),
     (gpu_facts("fa3", H100, user_mode="compact", pd_mode="decode", is_deepseek_v4=True), ["DeepSeek-V4.1"]),
@@ -163,6 +186,23 @@ def test_user_forced_compact_on_unsafe_configuration_is_refused(facts, needles):
         decide_verify_mode(facts)
     for needle in needles:
         assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("facts,needed", [
+    (gpu_facts("triton", A100), True),
+    (gpu_facts("triton", A100, graph=False), True),
+    (gpu_facts("flashinfer", A100), True),
+    (gpu_facts("flashinfer", A100, graph=False), False),  # upstream's own eager path
+    (gpu_facts("fa3", H100), False),
+    (gpu_facts("triton", A100, policy="verify-all"), False),
+    (gpu_facts("triton", A100, user_mode="static"), False),
+    (gpu_facts("triton", A100, policy="verify-all", user_mode="compact"), True),
+    (gpu_facts("triton", A100, has_confidence_head=False), False),  # static anyway
+    (gpu_facts("triton", A100, use_mla=True), False),
+    (EngineFacts("cpu", "intel_amx", False, "async", True), False),
+])
+def test_self_check_is_run_only_where_it_decides(facts, needed):
+    assert needs_ragged_self_check(facts) is needed
 
 
 def test_invalid_values_are_refused():
@@ -181,8 +221,10 @@ def test_policies_match_the_scheduler():
 
 
 def test_capable_backend_sets():
-    assert compact_capable_backends(cuda_graph=True) == {"fa3", "fa4", "trtllm_mha"}
-    assert compact_capable_backends(cuda_graph=False) == {"fa3", "fa4", "trtllm_mha", "flashinfer"}
+    assert compact_capable_backends(cuda_graph=True, self_checked=False) == {"fa3", "fa4", "trtllm_mha"}
+    assert compact_capable_backends(cuda_graph=False, self_checked=False) == {"fa3", "fa4", "trtllm_mha", "flashinfer"}
+    assert compact_capable_backends(cuda_graph=True) == {"fa3", "fa4", "trtllm_mha", "flashinfer", "triton"}
+    assert compact_capable_backends(cuda_graph=False) == {"fa3", "fa4", "trtllm_mha", "flashinfer", "triton"}
     assert compact_capable_backends(cuda_graph=False, device="cpu") == {"intel_amx"}
     assert compact_capable_backends(cuda_graph=True, device="cpu") == set()
     assert compact_capable_backends(cuda_graph=False, device="npu") == set()
@@ -197,6 +239,8 @@ def _truly_safe(f: EngineFacts) -> bool:
     if f.device != "cuda" or f.use_mla:
         return False
     safe = GRAPH_SAFE_MHA if f.cuda_graph else EAGER_SAFE_MHA
+    if f.ragged_self_check is True:
+        safe = safe | (GRAPH_SAFE_AFTER_SELF_CHECK if f.cuda_graph else EAGER_SAFE_AFTER_SELF_CHECK)
     if f.attention_backend not in safe:
         return False
     if f.attention_backend in NEEDS_SM10X:
@@ -219,6 +263,7 @@ facts_strategy = st.builds(
     sps_table_from_file=st.booleans(),
     sps_probes_tier_aligned=st.booleans(),
     sps_profile_rank_consistent=st.booleans(),
+    ragged_self_check=st.sampled_from([None, False, True]),
 )
 
 
@@ -379,7 +424,7 @@ H100_CAPTURE = list(range(1, 9)) + list(range(10, 33, 2)) + [40, 44, 48]
 
 
 @pytest.mark.parametrize("gpu", ["A100", "L40S", "B200"])
-def test_explain_default_launch_on_flashinfer_gpus_is_static(gpu, draft, clean_env):
+def test_explain_default_launch_on_flashinfer_gpus(gpu, draft, clean_env):
     from sglang_dspark.engine.explain import OUTPUT_KEYS, explain
 
     result = explain(_argv(draft()), None, gpu)
@@ -388,11 +433,17 @@ def test_explain_default_launch_on_flashinfer_gpus_is_static(gpu, draft, clean_e
     assert result["attention_backend"] == "flashinfer"
     assert result["cuda_graph"] is True
     assert result["gamma"] == 7
-    # FlashInfer raises at CUDA-graph capture on a ragged verify layout: upstream's static mode, nothing profiled.
-    assert result["verify_mode"] == "static"
-    assert result["admission_policy"] == "verify-all"
-    assert result["sps_probe_shapes"] == []
-    assert "flashinfer" in result["reason"].lower()
+    # Upstream FlashInfer raises at CUDA-graph capture on a ragged layout; our patch runs it once its on-device
+    # self-check passed: compact graphs, probing the captured tiers.
+    assert "runs at start-up" in result["ragged_self_check"]
+    assert (result["verify_mode"], result["admission_policy"]) == ("compact", "async")
+    assert result["sps_probe_shapes"] and all(b % 8 == 0 for _, b in result["sps_probe_shapes"])
+    assert "flashinfer_ragged_verify" in result["reason"]
+    # A failed self-check: upstream's static mode, nothing profiled.
+    failed = explain(_argv(draft()), None, gpu, ragged_self_check="fail")
+    assert failed["verify_mode"] == "static" and failed["admission_policy"] == "verify-all"
+    assert failed["sps_probe_shapes"] == []
+    assert "flashinfer" in failed["reason"] and "assumed to fail" in failed["reason"]
 
 
 @pytest.mark.parametrize("gpu", ["H100", "H200"])
@@ -433,7 +484,11 @@ def test_explain_eager_and_explicit_backend(draft, clean_env):
     shapes = eager["sps_probe_shapes"]
     assert [1, 1] in shapes and [48, 48] in shapes and shapes[-1] == [48, 384]
     assert all(r <= b <= r * 8 for r, b in shapes)
+    assert eager["ragged_self_check"] == "not needed"
     triton = explain(_argv(draft(), "--attention-backend", "triton", "--disable-cuda-graph"), None, "L40S")
+    assert (triton["attention_backend"], triton["cuda_graph"], triton["verify_mode"]) == ("triton", False, "compact")
+    triton = explain(_argv(draft(), "--attention-backend", "triton", "--disable-cuda-graph"), None, "L40S",
+                     ragged_self_check="fail")
     assert (triton["attention_backend"], triton["cuda_graph"], triton["verify_mode"]) == ("triton", False, "static")
 
 
@@ -453,12 +508,13 @@ def test_explain_gamma_and_policy(draft, clean_env, monkeypatch):
     assert explain(_argv(draft(), "--disable-cuda-graph"), None, "A100")["verify_mode"] == "static"
 
 
-def test_explain_refuses_user_forced_compact_on_flashinfer_graphs(draft, clean_env, monkeypatch):
+def test_explain_refuses_user_forced_compact_on_flashinfer_graphs_without_self_check(draft, clean_env, monkeypatch):
     from sglang_dspark.engine.explain import explain
 
     monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "compact")
     with pytest.raises(ValueError, match="flashinfer"):
-        explain(_argv(draft()), None, "A100")
+        explain(_argv(draft()), None, "A100", ragged_self_check="fail")
+    assert explain(_argv(draft()), None, "A100")["verify_mode"] == "compact"  # after a passed self-check
     forced = explain(_argv(draft(), "--speculative-dspark-sps-table-path", "/t.json"), None, "H100")
     assert forced["verify_mode"] == "compact" and "set by the user" in forced["reason"]
 

@@ -74,8 +74,9 @@ def _with_ragged_self_check(facts):
 
     result = ragged_self_check.self_check(facts.attention_backend, ragged_self_check.gpu_identity())
     (logger.info if result.passed else logger.warning)(
-        "sglang-dspark: ragged verify self-check (%s%s): %s", facts.attention_backend,
-        ", kept from an earlier start" if result.cached else f", {result.seconds:.0f} s", result.detail)
+        "sglang-dspark: ragged verify self-check (%s%s): %s%s", facts.attention_backend,
+        ", kept from an earlier start" if result.cached else f", {result.seconds:.0f} s", result.detail,
+        "" if result.passed else f" ({envs.RAGGED_SELF_CHECK.name}=force runs it again)")
     return replace(facts, ragged_self_check=result.passed, ragged_self_check_detail=result.detail)
 
 

@@ -77,6 +77,9 @@ def _failed(message: str, *, kind: str):
     return output
 
 
+MIN_SEND_SECONDS = 0.01
+
+
 async def run_requests(
     api_url: str,
     model: str,
@@ -113,7 +116,9 @@ async def run_requests(
             await semaphore.acquire()
         try:
             remaining = deadline - time.perf_counter()
-            if remaining <= 0:
+            # asyncio may fire the previous request's timeout a hair before the deadline: a request sent with almost
+            # no time left cannot be answered, it was not sent in time.
+            if remaining <= MIN_SEND_SECONDS:
                 output = _failed(f"not sent: the level's time limit ({level_timeout:g} s) was reached", kind="not_sent")
             else:
                 limit = min(request_timeout, remaining)

@@ -9,6 +9,7 @@ There is no GPU here: the self-check runs through a recording runner, plus once 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -183,9 +184,10 @@ def _gpu_view(backend, **extra):
     ("flashinfer", True, "compact", "flashinfer"),
     ("flashinfer", False, "static", None),
 ])
-def test_launcher_opens_compact_only_after_the_check(backend, passed, mode, patches, monkeypatch, tmp_path):
+def test_launcher_opens_compact_only_after_the_check(backend, passed, mode, patches, monkeypatch, caplog):
     from sglang_dspark.engine import arg_resolution
 
+    caplog.set_level(logging.INFO, logger="sglang_dspark.engine.arg_resolution")
     calls = []
 
     def fake_check(name, gpu_name):
@@ -200,8 +202,10 @@ def test_launcher_opens_compact_only_after_the_check(backend, passed, mode, patc
     assert calls == [backend]
     assert decision.verify_mode == mode and os.environ["SGLANG_RAGGED_VERIFY_MODE"] == mode
     assert os.environ.get(rsc.PATCHES_ENV) == patches
+    assert f"ragged verify self-check ({backend}" in caplog.text
     if not passed:
         assert "fake verdict" in decision.reason
+        assert "SGLANG_DSPARK_RAGGED_SELF_CHECK=force runs it again" in caplog.text
 
 
 @pytest.mark.parametrize("view,policy,user_mode", [

@@ -12,6 +12,10 @@
    why. SGLang builds the draft (and its confidence head) from ``SGLANG_RAGGED_VERIFY_MODE`` in the scheduler
    process, which inherits the launcher's environment; the choice is made here, before upstream's own resolution
    (so its "requires static" checks see it) and before any scheduler is spawned.
+5. With ``--dtype auto`` (SGLang's default), load the draft in the dtype SGLang picks for the target. SGLang resolves
+   "auto" for each model from its own config, so a float32 target (auto: float16) with a bfloat16 draft builds a
+   float16 target and a bfloat16 draft, and the first prefill dies in the draft-KV injection (``fc`` of a float16
+   hidden state by bfloat16 weights) and takes the server down. Upstream's worker included.
 """
 
 from __future__ import annotations
@@ -98,6 +102,39 @@ def _apply_verify_mode(view, draft_path, policy, user_mode):
     return decision
 
 
+def _auto_dtype(model_path, view):
+    """The dtype SGLang's ``--dtype auto`` gives ``model_path`` (its own rule, from the model's config)."""
+    from sglang.srt.configs.model_config import _get_and_verify_dtype
+    from sglang.srt.utils.hf_transformers.common import get_hf_text_config
+    from sglang.srt.utils.hf_transformers.config import get_config
+
+    config = get_config(str(model_path), trust_remote_code=bool(view.trust_remote_code))
+    return _get_and_verify_dtype(get_hf_text_config(config), "auto")
+
+
+def _draft_dtype_follows_target(server_args, view, draft_path) -> None:
+    """Job 5 of the module docstring: make ``--dtype auto`` explicit as the target's dtype when the draft's own
+    "auto" would differ (the target's dtype is unchanged; only the draft follows it)."""
+    import torch
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    if str(view.dtype).lower() != "auto" or not draft_path:
+        return
+    try:
+        target_dtype, draft_dtype = _auto_dtype(view.model_path, view), _auto_dtype(draft_path, view)
+    except Exception as exc:  # noqa: BLE001 -- an unreadable config is SGLang's to report, with its own message
+        logger.debug("sglang-dspark: dtype check skipped (%s)", exc)
+        return
+    if target_dtype == draft_dtype:
+        return
+    name = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}.get(target_dtype)
+    if name is None:
+        return
+    logger.info("sglang-dspark: --dtype auto gives the target %s and the draft %s; the draft runs in %s too "
+                "(pass --dtype to choose another)", name, str(draft_dtype).removeprefix("torch."), name)
+    declare_resolution(server_args, "sglang_dspark.engine.arg_resolution", dtype=name)
+
+
 def handle_dspark(original, server_args):
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 
@@ -125,6 +162,7 @@ def handle_dspark(original, server_args):
         logger.info("sglang-dspark: using the draft's STS calibration %s", sts_path)
         declare_resolution(server_args, "sglang_dspark.engine.arg_resolution",
                            speculative_dspark_confidence_sts_path=sts_path)
+    _draft_dtype_follows_target(server_args, view, draft_path)
     if ours and draft_path != known_draft:  # upstream filled in a bundled/hub draft: decide again with it
         _apply_verify_mode(view, draft_path, policy, user_mode)
     return result

@@ -109,3 +109,32 @@ def test_upstream_worker_serves_on_cpu(mode, tiny_pair, launch, nospec_reference
         cap_lengths = [r["meta_info"].get("spec_cap_length") for r in results]
         assert all(c is not None for c in cap_lengths), cap_lengths
         assert min(cap_lengths) < 8.0, cap_lengths
+
+
+@pytest.mark.parametrize("worker", ["ours", "upstream"])
+def test_dtype_auto_with_a_draft_saved_in_another_dtype(worker, tiny_pair, server_logs, tmp_path):
+    """No --dtype: SGLang's "auto" runs the fp32 target in float16 and would load a draft whose config says bfloat16
+    in bfloat16; the first prefill then crashed the server in the draft-KV injection. The draft follows the target."""
+    import json
+    import shutil
+
+    from sglang_dspark.testing.server import start_server
+
+    draft = tmp_path / "bf16-draft"
+    shutil.copytree(tiny_pair.draft_dir, draft)
+    config = json.loads((draft / "config.json").read_text())
+    config.update(torch_dtype="bfloat16", dtype="bfloat16")
+    (draft / "config.json").write_text(json.dumps(config))
+    env = {"SGLANG_DSPARK_WORKER": "upstream"} if worker == "upstream" else None
+    server = start_server(tiny_pair.target_dir, dspark_args(draft), env=env, log_dir=server_logs)
+    try:
+        results = generate_all(server, PROMPTS[:4], GREEDY, concurrency=2)
+        log = server.log_text()
+        alive = server.get("/health").status_code == 200
+    finally:
+        server.stop()
+    assert alive
+    assert all(len(r["output_ids"]) == GREEDY["max_new_tokens"] for r in results)
+    assert all(r["meta_info"]["spec_verify_ct"] > 0 for r in results)
+    assert "the draft runs in float16 too" in log
+    assert "expected m1 and m2 to have the same dtype" not in log

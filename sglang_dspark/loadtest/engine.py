@@ -318,7 +318,18 @@ def admission_delta(before: dict | None, after: dict | None) -> dict | None:
         # Mean decode-step time (all requests of the batch) of steps that drafted and of steps the gate skipped.
         "drafted_step_ms": 1000.0 * delta("drafted_step_seconds_sum") / timed_drafted if timed_drafted > 0 else None,
         "skipped_step_ms": 1000.0 * skipped_seconds / timed_skipped if timed_skipped > 0 else None,
+        # Why the draft gate drafted or skipped this level's steps (scheduling/draft_gate.py GateDecision.reason).
+        "gate_reasons": _reason_delta(after.get("draft_gate"), before.get("draft_gate")),
     }
+
+
+def _reason_delta(after: dict | None, before: dict | None) -> dict | None:
+    reasons_after = (after or {}).get("reasons")
+    if not reasons_after:
+        return None
+    reasons_before = (before or {}).get("reasons") or {}
+    delta = {reason: count - reasons_before.get(reason, 0) for reason, count in reasons_after.items()}
+    return {reason: count for reason, count in delta.items() if count}
 
 
 def measure_level(

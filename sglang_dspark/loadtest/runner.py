@@ -5,7 +5,13 @@ Two ways to point it at servers:
 
 * ``--url URL [URL ...]``: servers already running (any SGLang launch; loopback only unless ``--allow-remote``);
 * ``--configs no-spec dspark dspark-verify-all dspark-upstream ngram`` (the default): it launches each configuration itself with
-  the stock ``python -m sglang.launch_server`` on 127.0.0.1, one after another, stops it by PID, and goes on.
+  the stock ``python -m sglang.launch_server`` on 127.0.0.1 and stops it by PID at the end.
+
+Levels are interleaved: level 1 runs on every server, then level 2 on every server (each level starting from the
+next server in turn), and so on. A machine whose speed drifts over minutes (a shared CPU does, by ±10 %) then shifts
+every configuration of a level alike instead of whichever ran during a slow spell, so the ratios compare like with
+like. Launched servers all start first and wait idle (``--sleep-on-idle``) between their turns; on a GPU, or with
+``--one-at-a-time``, they run one after another instead (servers cannot share one GPU's memory).
 
 Examples::
 
@@ -207,41 +213,79 @@ def warm_up(info: ServerInfo, request_timeout: float) -> None:
 # ------------------------------------------------------------------------------------------------ the sweep
 
 
+@dataclass
+class SweepTarget:
+    """One server of a sweep: its levels go to ``entry["levels"]``, a reason to stop to ``entry["error"]``."""
+
+    info: ServerInfo
+    label: str
+    entry: dict
+    tokenizer: object = None
+    alive: object = lambda: True
+    server: object = None  # a launched server (its log tail goes into the error)
+
+
+def _measure_level(target: SweepTarget, level: dict, prompts: list[str], args, request_func, snapshot_func):
+    """One level against one server, appended to its entry; returns why the server is gone (None: it is not)."""
+    from tqdm import tqdm
+
+    desc = f"{target.label} {report.level_key(level)}"
+    with tqdm(total=len(prompts), desc=desc, unit="req", leave=False, disable=args.quiet, file=sys.stderr) as pbar:
+        metrics = engine.measure_level(
+            target.info.url, prompts, concurrency=level.get("concurrency"),
+            request_rate=level.get("request_rate") or math.inf, max_tokens=args.max_tokens,
+            temperature=level.get("temperature", args.temperature[0]), model=target.info.model,
+            tokenizer=target.tokenizer, request_timeout=args.request_timeout, level_timeout=args.level_timeout,
+            request_func=request_func, snapshot_func=snapshot_func, pbar=pbar,
+        )
+    target.entry["levels"].append({**level, "prompts": len(prompts), **metrics})
+    if not args.quiet:
+        print(
+            f"  {desc}: {metrics.get('output_tok_s') or 0:.1f} tok/s, per-user "
+            f"{metrics.get('per_user_tok_s') or 0:.1f} tok/s, accept "
+            f"{metrics.get('accept_length') or float('nan'):.2f}, {metrics['completed']}/{metrics['requests']} ok",
+            file=sys.stderr,
+        )
+    if metrics["completed"] == 0 and not target.alive():
+        return f"the server stopped during {report.level_key(level)}"
+    if metrics["completed"] == 0 and request_func is None:
+        try:
+            requests.get(f"{target.info.url}/health", timeout=10).raise_for_status()
+        except requests.RequestException as exc:
+            return f"the server stopped answering during {report.level_key(level)}: {exc}"
+    return None
+
+
+def level_order(num_targets: int, level_index: int) -> list[int]:
+    """The servers' turn at a level: level ``i`` starts from server ``i mod n`` (no server always goes first)."""
+    return [(level_index + k) % num_targets for k in range(num_targets)]
+
+
+def sweep_interleaved(targets: list[SweepTarget], levels: list[dict], level_prompts: list[list[str]], args,
+                      request_func=None, snapshot_func=None) -> None:
+    """Every level on every server before the next level (module docstring); a server that went away keeps what it
+    measured and gets no more levels (its entry's ``error`` says why)."""
+    for index, (level, prompts) in enumerate(zip(levels, level_prompts)):
+        for position in level_order(len(targets), index):
+            target = targets[position]
+            if target.entry.get("error"):
+                continue
+            reason = _measure_level(target, level, prompts, args, request_func, snapshot_func)
+            if reason:
+                tail = f"\n--- server log tail ---\n{target.server.log_tail(30)}" if target.server else ""
+                target.entry["error"] = reason + tail
+                print(f"[loadtest] {target.label}: {reason}", file=sys.stderr)
+
+
 def sweep_server(info: ServerInfo, label: str, levels: list[dict], level_prompts: list[list[str]], args, tokenizer,
                  alive=lambda: True, request_func=None, snapshot_func=None,
                  results: list | None = None) -> tuple[list[dict], str | None]:
     """All levels against one server, appended to ``results`` as they finish (an interrupted run keeps them);
     stops early (returning the reason) when the server goes away."""
-    from tqdm import tqdm
-
-    results = [] if results is None else results
-    for level, prompts in zip(levels, level_prompts):
-        desc = f"{label} {report.level_key(level)}"
-        with tqdm(total=len(prompts), desc=desc, unit="req", leave=False, disable=args.quiet,
-                  file=sys.stderr) as pbar:
-            metrics = engine.measure_level(
-                info.url, prompts, concurrency=level.get("concurrency"),
-                request_rate=level.get("request_rate") or math.inf, max_tokens=args.max_tokens,
-                temperature=level.get("temperature", args.temperature[0]), model=info.model, tokenizer=tokenizer,
-                request_timeout=args.request_timeout, level_timeout=args.level_timeout,
-                request_func=request_func, snapshot_func=snapshot_func, pbar=pbar,
-            )
-        results.append({**level, "prompts": len(prompts), **metrics})
-        if not args.quiet:
-            print(
-                f"  {desc}: {metrics.get('output_tok_s') or 0:.1f} tok/s, per-user "
-                f"{metrics.get('per_user_tok_s') or 0:.1f} tok/s, accept "
-                f"{metrics.get('accept_length') or float('nan'):.2f}, {metrics['completed']}/{metrics['requests']} ok",
-                file=sys.stderr,
-            )
-        if metrics["completed"] == 0 and not alive():
-            return results, f"the server stopped during {report.level_key(level)}"
-        if metrics["completed"] == 0 and request_func is None:
-            try:
-                requests.get(f"{info.url}/health", timeout=10).raise_for_status()
-            except requests.RequestException as exc:
-                return results, f"the server stopped answering during {report.level_key(level)}: {exc}"
-    return results, None
+    entry = {"levels": [] if results is None else results}
+    sweep_interleaved([SweepTarget(info, label, entry, tokenizer, alive)], levels, level_prompts, args,
+                      request_func, snapshot_func)
+    return entry["levels"], entry.get("error")
 
 
 def build_levels(args) -> list[dict]:
@@ -398,23 +442,57 @@ def _run_urls(args, levels, level_prompts, result) -> None:
         )
     labels = args.label or [info.url for info in infos]
     result["settings"]["model_label"] = Path(str(infos[0].model_path or infos[0].model)).name
+    result["settings"]["schedule"] = "interleaved"
+    targets = []
     for info, label in zip(infos, labels):
         entry = {"label": label, "url": info.url, "launched": False, "model": info.model,
                  "model_path": info.model_path, "speculative_algorithm": info.speculative_algorithm, "levels": []}
         result["configs"].append(entry)
         try:
             warm_up(info, args.request_timeout)
-            tokenizer = load_tokenizer(args.tokenizer or info.tokenizer_path)
-            _, entry["error"] = sweep_server(info, label, levels, level_prompts, args, tokenizer,
-                                             results=entry["levels"])
+            targets.append(SweepTarget(info, label, entry, load_tokenizer(args.tokenizer or info.tokenizer_path)))
         except LoadTestError as exc:
             entry["error"] = str(exc)
             print(f"[loadtest] {entry['label']}: {exc}", file=sys.stderr)
+    sweep_interleaved(targets, levels, level_prompts, args)
+
+
+def _start_config(config, target, server_args, max_total_tokens, device, args, log_dir, tokenizer, result):
+    """Launch one configuration and warm it up; None (with the entry's error set) if it did not start."""
+    from sglang_dspark.testing.server import ServerStartError, start_server
+
+    entry = {"name": config.name, "label": config.label, "launched": True, "server_args": server_args,
+             "env": config.env, "levels": []}
+    result["configs"].append(entry)
+    if not args.quiet:
+        print(f"[loadtest] starting {config.label}: python -m sglang.launch_server --model-path {target} "
+              f"{shlex.join(server_args)} (logs: {log_dir})", file=sys.stderr)
+    try:
+        server = start_server(target, server_args, env=config.env, max_total_tokens=max_total_tokens,
+                              cpu=device == "cpu", timeout=args.startup_timeout, log_dir=log_dir)
+    except ServerStartError as exc:
+        entry["error"] = f"server did not start: {exc}"
+        print(f"[loadtest] {config.label}: {entry['error']}", file=sys.stderr)
+        return None
+    try:
+        entry["startup_s"] = server.startup_seconds
+        entry["url"] = server.url
+        info = probe_server(server.url)
+        entry["model"] = info.model
+        entry["speculative_algorithm"] = info.speculative_algorithm
+        warm_up(info, args.request_timeout)
+    except BaseException as exc:
+        if isinstance(exc, LoadTestError):
+            entry["error"] = f"{exc}\n--- server log tail ---\n{server.log_tail(30)}"
+            print(f"[loadtest] {config.label}: {exc}", file=sys.stderr)
+        server.stop()
+        if not isinstance(exc, LoadTestError):
+            raise
+        return None
+    return SweepTarget(info, config.label, entry, tokenizer, server.alive, server)
 
 
 def _run_launched(args, levels, level_prompts, result) -> None:
-    from sglang_dspark.testing.server import ServerStartError, start_server
-
     if args.model_path:
         target, draft = args.model_path, args.draft_model_path
     else:
@@ -435,42 +513,33 @@ def _run_launched(args, levels, level_prompts, result) -> None:
             device = "cpu"
     max_c = max((lv.get("concurrency") or 64) for lv in levels)
     max_total_tokens = args.max_total_tokens or min(131072, max(8192, max_c * (args.max_tokens + 512)))
+    interleaved = device == "cpu" and not args.one_at_a_time
     result["settings"].update({"model_label": Path(str(target)).name, "model_path": str(target),
                                "draft_model_path": str(draft) if draft else None, "device": device,
-                               "max_total_tokens": max_total_tokens, "dtype": args.dtype})
+                               "max_total_tokens": max_total_tokens, "dtype": args.dtype,
+                               "schedule": "interleaved" if interleaved else "one at a time"})
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="sglang-dspark-loadtest-"))
     tokenizer = load_tokenizer(str(target))
-    for config in configs:
-        server_args = ["--dtype", args.dtype, *config.args, *args.server_arg]
-        entry = {"name": config.name, "label": config.label, "launched": True, "server_args": server_args,
-                 "env": config.env, "levels": []}
-        result["configs"].append(entry)
-        if not args.quiet:
-            print(f"[loadtest] starting {config.label}: python -m sglang.launch_server --model-path {target} "
-                  f"{shlex.join(server_args)} (logs: {log_dir})", file=sys.stderr)
-        try:
-            server = start_server(target, server_args, env=config.env, max_total_tokens=max_total_tokens,
-                                  cpu=device == "cpu", timeout=args.startup_timeout, log_dir=log_dir)
-        except ServerStartError as exc:
-            entry["error"] = f"server did not start: {exc}"
-            print(f"[loadtest] {config.label}: {entry['error']}", file=sys.stderr)
-            continue
-        try:
-            entry["startup_s"] = server.startup_seconds
-            entry["url"] = server.url
-            info = probe_server(server.url)
-            entry["model"] = info.model
-            entry["speculative_algorithm"] = info.speculative_algorithm
-            warm_up(info, args.request_timeout)
-            _, entry["error"] = sweep_server(info, config.label, levels, level_prompts, args, tokenizer,
-                                             alive=server.alive, results=entry["levels"])
-            if entry["error"]:
-                entry["error"] += "\n--- server log tail ---\n" + server.log_tail(30)
-        except LoadTestError as exc:
-            entry["error"] = f"{exc}\n--- server log tail ---\n{server.log_tail(30)}"
-            print(f"[loadtest] {config.label}: {exc}", file=sys.stderr)
-        finally:
-            server.stop()
+    started: list[SweepTarget] = []
+    try:
+        for config in configs:
+            server_args = ["--dtype", args.dtype, *config.args, *args.server_arg]
+            sweep_target = _start_config(config, target, server_args, max_total_tokens, device, args, log_dir,
+                                         tokenizer, result)
+            if sweep_target is None:
+                continue
+            if interleaved:
+                started.append(sweep_target)  # waits idle for its turns
+                continue
+            try:
+                sweep_interleaved([sweep_target], levels, level_prompts, args)
+            finally:
+                sweep_target.server.stop()
+        if started:
+            sweep_interleaved(started, levels, level_prompts, args)
+    finally:
+        for sweep_target in started:
+            sweep_target.server.stop()
 
 
 # ------------------------------------------------------------------------------------------------ command line
@@ -504,6 +573,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "--server-arg=--flag=value)")
     target.add_argument("--startup-timeout", type=float, default=600)
     target.add_argument("--log-dir", help="server logs (default: a temporary folder)")
+    target.add_argument("--one-at-a-time", action="store_true",
+                        help="launch, measure and stop one configuration after another (the default on a GPU) "
+                             "instead of keeping them all up and interleaving the levels")
     load = parser.add_argument_group("load")
     sweep = load.add_mutually_exclusive_group()
     sweep.add_argument("--concurrency", type=int, nargs="+", help="concurrency levels (default 1 2 4 8 16 32 64)")

@@ -96,6 +96,10 @@ def test_admission_delta_is_the_traffic_between_snapshots():
     assert engine.admission_delta({}, None) is None  # not a DSPARK server of ours
     gated = engine.admission_delta(dict(before, drafted_steps=10), dict(after, drafted_steps=13))
     assert gated["drafted_step_share"] == pytest.approx(3 / 6)  # 3 of the level's 6 steps drafted
+    assert d["gate_reasons"] is None
+    reasons = engine.admission_delta(dict(before, draft_gate={"reasons": {"pays": 4, "pause": 9}}),
+                                     dict(after, draft_gate={"reasons": {"pays": 4, "pause": 12, "probe": 1}}))
+    assert reasons["gate_reasons"] == {"pause": 3, "probe": 1}  # the level's decisions only
     assert d["drafted_step_ms"] is None and d["skipped_step_ms"] is None  # no timed steps
     timed = engine.admission_delta(
         dict(before, timed_steps=10, step_seconds_sum=1.0, timed_drafted_steps=2, drafted_step_seconds_sum=0.3),
@@ -372,6 +376,52 @@ def test_several_temperatures_are_levels_with_fresh_prompts(serving, monkeypatch
     assert [t for t, _ in sent] == [0.0] * 4 + [0.7] * 4
     assert len({p for _, p in sent}) == 8  # a fresh prompt for every request of every level
     assert (out_dir / "frontier.png").is_file()
+
+
+def test_levels_are_interleaved_across_servers_each_level_starting_from_the_next(serving, monkeypatch, tmp_path):
+    """A machine that drifts over minutes must shift every server of a level alike: level i runs on every server
+    before level i + 1, and no server always goes first."""
+    log = []
+    monkeypatch.setattr(serving, "async_request_openai_chat_completions", fake_request_func(log))
+    monkeypatch.setattr(runner, "probe_server", lambda url, model=None: runner.ServerInfo(url=url, model="m"))
+    monkeypatch.setattr(runner, "warm_up", lambda info, timeout: None)
+    monkeypatch.setattr(engine, "server_snapshot", lambda url, timeout=30.0: {})
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
+    rc = runner.main(["--url", *urls, "--concurrency", "1", "1", "1", "--prompts-per-level", "2",
+                      "--max-tokens", "4", "--output-dir", str(tmp_path / "out"), "--quiet"])
+    assert rc == 0
+    turns = []
+    for api_url, _, _, _ in log:
+        server = urls.index(api_url.removesuffix("/v1/chat/completions")) + 1
+        if not turns or turns[-1] != server:
+            turns.append(server)
+    assert turns == [1, 2, 3, 2, 3, 1, 3, 1, 2]
+    result = json.loads((tmp_path / "out" / "loadtest.json").read_text())
+    assert result["settings"]["schedule"] == "interleaved"
+    assert all(len(config["levels"]) == 3 for config in result["configs"])
+
+
+def test_a_server_that_dies_keeps_its_levels_and_the_others_go_on(monkeypatch):
+    """Interleaved: a server gone at level 2 keeps level 1, gets no level 3, and the other server runs all three."""
+    levels = [{"concurrency": 1}] * 3
+    prompts_by_level = [["a"], ["b"], ["c"]]
+    args = runner.build_parser().parse_args(["--quiet"])
+    calls = []
+
+    def fake_measure(url, prompts, **kwargs):
+        calls.append((url, prompts[0]))
+        dead = url == "http://dead" and prompts[0] != "a"
+        return {"completed": 0 if dead else 1, "requests": 1}
+
+    monkeypatch.setattr(engine, "measure_level", fake_measure)
+    alive = {"http://dead": lambda: False, "http://ok": lambda: True}
+    targets = [runner.SweepTarget(runner.ServerInfo(url=u, model="m"), u, {"levels": []}, None, alive[u])
+               for u in ("http://dead", "http://ok")]
+    runner.sweep_interleaved(targets, levels, prompts_by_level, args)
+    dead, ok = targets
+    assert len(dead.entry["levels"]) == 2 and "stopped during" in dead.entry["error"]
+    assert len(ok.entry["levels"]) == 3 and not ok.entry.get("error")
+    assert ("http://dead", "c") not in calls
 
 
 def test_interrupt_during_server_start_stops_the_half_started_server(monkeypatch, tmp_path):

@@ -520,26 +520,54 @@ def _run_launched(args, levels, level_prompts, result) -> None:
                                "schedule": "interleaved" if interleaved else "one at a time"})
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="sglang-dspark-loadtest-"))
     tokenizer = load_tokenizer(str(target))
-    started: list[SweepTarget] = []
+    started: list[SweepTarget] = []  # up and idle, waiting for their turns
+
+    def sweep_started():
+        try:
+            sweep_interleaved(started, levels, level_prompts, args)
+        finally:
+            for sweep_target in started:
+                sweep_target.server.stop()
+            started.clear()
+
     try:
         for config in configs:
             server_args = ["--dtype", args.dtype, *config.args, *args.server_arg]
+            available_before = memory_available_bytes()
             sweep_target = _start_config(config, target, server_args, max_total_tokens, device, args, log_dir,
                                          tokenizer, result)
             if sweep_target is None:
                 continue
-            if interleaved:
-                started.append(sweep_target)  # waits idle for its turns
-                continue
-            try:
-                sweep_interleaved([sweep_target], levels, level_prompts, args)
-            finally:
-                sweep_target.server.stop()
+            started.append(sweep_target)
+            if not interleaved or not room_for_another_server(available_before, memory_available_bytes()):
+                if interleaved and not args.quiet:
+                    print(f"[loadtest] memory for {len(started)} server(s) at a time: interleaving them, then the "
+                          "next ones", file=sys.stderr)
+                sweep_started()
         if started:
-            sweep_interleaved(started, levels, level_prompts, args)
+            sweep_started()
     finally:
         for sweep_target in started:
             sweep_target.server.stop()
+
+
+def memory_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def room_for_another_server(available_before: int | None, available_after: int | None) -> bool:
+    """Whether one more server like the one just started fits (its footprint + 25 %, and 1 GiB to spare)."""
+    if available_before is None or available_after is None:
+        return True
+    footprint = max(available_before - available_after, 0)
+    return available_after >= 1.25 * footprint + (1 << 30)
 
 
 # ------------------------------------------------------------------------------------------------ command line

@@ -401,6 +401,14 @@ def test_levels_are_interleaved_across_servers_each_level_starting_from_the_next
     assert all(len(config["levels"]) == 3 for config in result["configs"])
 
 
+def test_room_for_another_server_counts_the_last_ones_footprint():
+    gib = 1 << 30
+    assert runner.room_for_another_server(10 * gib, 8 * gib)  # 2 GiB used, 8 left: 2.5 + 1 fits
+    assert not runner.room_for_another_server(10 * gib, 4 * gib)  # 6 GiB used, 4 left: 7.5 + 1 does not
+    assert runner.room_for_another_server(None, 4 * gib)  # no /proc/meminfo: no grouping
+    assert runner.memory_available_bytes() is None or runner.memory_available_bytes() > 0
+
+
 def test_a_server_that_dies_keeps_its_levels_and_the_others_go_on(monkeypatch):
     """Interleaved: a server gone at level 2 keeps level 1, gets no level 3, and the other server runs all three."""
     levels = [{"concurrency": 1}] * 3

@@ -279,6 +279,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         try:
             if survival is not None:
                 survival = self.survival_prior.fill(survival, self._budget_planner.last_known_rows)
+            else:  # no request of the batch has a lagged confidence: the population's (None before any draft)
+                survival = self.survival_prior.rows(num_requests)
             decision = gate.decide(
                 lagged_survival=survival,
                 cost_with_draft=self.step_cost,

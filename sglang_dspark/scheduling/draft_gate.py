@@ -26,7 +26,9 @@ A request the draft has not drafted for yet has no lagged confidence; upstream's
 everything), which is right for the admission of a drafted step but would make every arriving request restart
 drafting (and reset the probe back-off) however weak the draft has proved. :class:`SurvivalPrior` gives the gate the
 population's recent survivals for those rows instead; it is computed from confidences of steps that already ran, so it
-is known before the step's draft exists, like every other input of the gate.
+is known before the step's draft exists, like every other input of the gate. A step with no lagged confidence at all
+(every request new, or the first steps after an idle spell) reads the prior for every row; only a server that has
+never drafted has no prior, and drafts ("no-info").
 """
 
 from __future__ import annotations
@@ -85,6 +87,13 @@ class SurvivalPrior:
         else:
             self.mean = self.mean + self.weight * (batch_mean - self.mean)
         self.observations += 1
+
+    def rows(self, num_requests: int) -> Optional[torch.Tensor]:
+        """``[R, γ]``: the prior for every row, for a step with no lagged confidence at all (a batch of arrivals, the
+        first steps after an idle spell); None before the first observation (then the gate drafts: "no-info")."""
+        if self.mean is None or num_requests <= 0:
+            return None
+        return self.mean.unsqueeze(0).expand(int(num_requests), -1).clone()
 
     def fill(self, survival: torch.Tensor, known_rows: Optional[torch.Tensor]) -> torch.Tensor:
         """``survival`` with the rows where ``known_rows`` is False set to the prior (``known_rows`` None: all known)."""

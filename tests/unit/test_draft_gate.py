@@ -170,6 +170,19 @@ def test_arriving_requests_do_not_restart_a_weak_draft():
     assert with_prior <= 512 / 64 + 5 and gate.resumes == 0  # only the probes of one pause
 
 
+def test_a_batch_with_no_lagged_confidence_reads_the_prior_for_every_row():
+    prior = SurvivalPrior()
+    assert prior.rows(3) is None  # never drafted: no prior, the gate drafts ("no-info")
+    gate = DraftGate("auto")
+    assert _decide(gate, prior.rows(3)).reason == "no-info"
+    prior.observe(LOW)
+    rows = prior.rows(3)
+    assert rows.shape == (3, LOW.shape[1]) and torch.allclose(rows, sanitize_survival(LOW).mean(dim=0).expand(3, -1))
+    # A weak draft's prior: the first steps of a batch of arrivals skip the draft instead of drafting blind.
+    assert not _decide(gate, rows).draft
+    assert prior.rows(0) is None
+
+
 def test_no_information_drafts():
     gate = DraftGate("auto")
     assert _decide(gate, None).reason == "no-info"

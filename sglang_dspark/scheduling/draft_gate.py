@@ -19,6 +19,10 @@ While paused nothing new is learned about acceptance (no confidences are produce
 probe (a drafted step) after every ``N`` skipped steps, ``N`` doubling from ``probe_min`` to ``probe_max`` while the
 probes keep saying "pause": a pause costs at most one draft block per ``probe_max + 1`` steps in the long run. The
 probe's confidences reach the capacity decision through the usual lag and bring drafting back when it pays again.
+The back-off survives a short comeback: a probe that happens to land on an easy stretch resumes drafting for a step
+or two and pauses again, and restarting the probes at ``probe_min`` then would make such a draft flap between the two
+(seen at one and four users with the shipped draft: a resume every ~80 steps, a probe every ~25). The interval goes
+back to ``probe_min`` only when drafting held for ``steady_spell`` steps before the next pause.
 The skipped-step cost is learned from skipped steps, so until a few have been measured the gate also skips one step
 in ``learn_skip_every`` (a plain decode step: it costs only the drafts it does not verify).
 
@@ -184,6 +188,7 @@ class DraftGate:
         refresh_skip_every: int = 256,
         min_skip_samples: int = 3,
         comeback_steps: int = 48,
+        steady_spell: int = 16,
     ) -> None:
         if mode not in GATE_MODES:
             raise ValueError(f"unknown draft gate mode {mode!r}; choose one of {', '.join(GATE_MODES)}")
@@ -196,6 +201,8 @@ class DraftGate:
         self.refresh_skip_every = refresh_skip_every
         self.min_skip_samples = min_skip_samples
         self.comeback_steps = comeback_steps
+        self.steady_spell = steady_spell
+        self._drafting_spell = 0  # consecutive "pays" steps since the last resume
         self.paused = False
         self.probe_interval = probe_min
         self._skipped_since_probe = 0
@@ -274,16 +281,19 @@ class DraftGate:
             if not self.paused:
                 self.paused = True
                 self.pauses += 1
-                self.probe_interval = self.probe_min
+                if self._drafting_spell >= self.steady_spell:  # drafting paid for a while: probe early again
+                    self.probe_interval = self.probe_min
                 self._skipped_since_probe = 0
             self._skipped_since_probe += 1
         elif decision.reason == "probe":
             self._skipped_since_probe = 0
             self.probe_interval = min(2 * self.probe_interval, self.probe_max)
-        elif decision.reason == "pays" and self.paused:
-            self.paused = False
-            self.resumes += 1
-            self.probe_interval = self.probe_min
+        elif decision.reason == "pays":
+            if self.paused:
+                self.paused = False
+                self.resumes += 1
+                self._drafting_spell = 0
+            self._drafting_spell += 1
         self.last = decision
 
     # ------------------------------------------------------------------ reading

@@ -121,7 +121,28 @@ def test_pause_then_probes_with_doubling_interval_then_resume():
     # A probe's confidences arrive and say drafting pays: drafting comes back at once.
     decision = _decide(gate, HIGH)
     assert decision.draft and decision.reason == "pays"
-    assert not gate.paused and gate.resumes == 1 and gate.probe_interval == 2
+    assert not gate.paused and gate.resumes == 1
+    # A comeback of one step keeps the back-off: the next pause probes after 8 skipped steps, not 2.
+    trace = [_decide(gate, LOW) for _ in range(9)]
+    assert "".join("D" if d.draft else "s" for d in trace) == "ssssssssD" and gate.pauses == 2
+    # Drafting that holds for steady_spell steps resets it: the pause after that probes early again.
+    gate.steady_spell = 5
+    assert all(_decide(gate, HIGH).draft for _ in range(5))
+    trace = [_decide(gate, LOW) for _ in range(3)]
+    assert "".join("D" if d.draft else "s" for d in trace) == "ssD" and gate.probe_interval == 4
+
+
+def test_a_draft_that_pays_now_and_then_does_not_flap():
+    """A probe that lands on an easy stretch resumes drafting for one step; restarting the probes at probe_min after
+    each such comeback would draft every few steps. With the back-off kept, probes stay ~probe_max apart."""
+    gate = DraftGate("auto", probe_min=4, probe_max=64)
+    drafted = 0
+    for step in range(2000):
+        last = gate.last
+        easy = last is not None and last.reason == "probe" and gate.reasons.get("probe", 0) % 2 == 0
+        drafted += _decide(gate, HIGH if easy else LOW).draft
+    assert gate.resumes >= 10  # it did come back, now and then
+    assert drafted <= 2 * 2000 / 64 + 10  # a probe and a one-step comeback per probe_max steps, not more
 
 
 def test_probe_cost_is_bounded():

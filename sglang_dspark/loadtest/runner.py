@@ -277,17 +277,6 @@ def sweep_interleaved(targets: list[SweepTarget], levels: list[dict], level_prom
                 print(f"[loadtest] {target.label}: {reason}", file=sys.stderr)
 
 
-def sweep_server(info: ServerInfo, label: str, levels: list[dict], level_prompts: list[list[str]], args, tokenizer,
-                 alive=lambda: True, request_func=None, snapshot_func=None,
-                 results: list | None = None) -> tuple[list[dict], str | None]:
-    """All levels against one server, appended to ``results`` as they finish (an interrupted run keeps them);
-    stops early (returning the reason) when the server goes away."""
-    entry = {"levels": [] if results is None else results}
-    sweep_interleaved([SweepTarget(info, label, entry, tokenizer, alive)], levels, level_prompts, args,
-                      request_func, snapshot_func)
-    return entry["levels"], entry.get("error")
-
-
 def build_levels(args) -> list[dict]:
     if args.request_rate:
         levels = [{"request_rate": float(r), "concurrency": args.max_concurrency} for r in args.request_rate]

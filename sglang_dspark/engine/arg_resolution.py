@@ -115,7 +115,6 @@ def _auto_dtype(model_path, view):
 def _draft_dtype_follows_target(server_args, view, draft_path) -> None:
     """Job 5 of the module docstring: make ``--dtype auto`` explicit as the target's dtype when the draft's own
     "auto" would differ (the target's dtype is unchanged; only the draft follows it)."""
-    import torch
     from sglang.srt.arg_groups.overrides import declare_resolution
 
     if str(view.dtype).lower() != "auto" or not draft_path:
@@ -127,9 +126,7 @@ def _draft_dtype_follows_target(server_args, view, draft_path) -> None:
         return
     if target_dtype == draft_dtype:
         return
-    name = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}.get(target_dtype)
-    if name is None:
-        return
+    name = str(target_dtype).removeprefix("torch.")  # float16 / bfloat16 / float32: --dtype spells them so
     logger.info("sglang-dspark: --dtype auto gives the target %s and the draft %s; the draft runs in %s too "
                 "(pass --dtype to choose another)", name, str(draft_dtype).removeprefix("torch."), name)
     declare_resolution(server_args, "sglang_dspark.engine.arg_resolution", dtype=name)

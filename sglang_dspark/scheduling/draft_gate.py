@@ -21,8 +21,8 @@ probes keep saying "pause": a pause costs at most one draft block per ``probe_ma
 probe's confidences reach the capacity decision through the usual lag and bring drafting back when it pays again.
 The back-off survives a short comeback: a probe that happens to land on an easy stretch resumes drafting for a step
 or two and pauses again, and restarting the probes at ``probe_min`` then would make such a draft flap between the two
-(seen at one and four users with the shipped draft: a resume every ~80 steps, a probe every ~25). The interval goes
-back to ``probe_min`` only when drafting held for ``steady_spell`` steps before the next pause.
+(a probe every few steps instead of every ``probe_max``). The interval goes back to ``probe_min`` only when drafting
+held for ``steady_spell`` steps before the next pause.
 The skipped-step cost is learned from skipped steps, so until a few have been measured the gate also skips one step
 in ``learn_skip_every`` (a plain decode step: it costs only the drafts it does not verify).
 
@@ -202,7 +202,7 @@ class DraftGate:
         self.min_skip_samples = min_skip_samples
         self.comeback_steps = comeback_steps
         self.steady_spell = steady_spell
-        self._drafting_spell = 0  # consecutive "pays" steps since the last resume
+        self._drafting_spell = 0  # "pays" steps since the last resume
         self.paused = False
         self.probe_interval = probe_min
         self._skipped_since_probe = 0

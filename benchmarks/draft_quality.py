@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/draft_quality.py                 # SmolLM2 + the shipped draft, 100 held-out prompts
     .venv/bin/python benchmarks/draft_quality.py --configs DSpark "DSpark, whole vocab"     # only those (+ no-spec)
+    .venv/bin/python benchmarks/draft_quality.py --draft-model-path NEW --baseline-draft-path OLD   # new vs old draft
 
 Servers run one after another on 127.0.0.1 (fp32, the stock launcher):
   * no-spec                       greedy reference ids; tokens/s at concurrency 1 (T = 0 and T = 1)
@@ -11,6 +12,7 @@ Servers run one after another on 127.0.0.1 (fp32, the stock launcher):
                                   and drafted-step time change (concurrency 1, server-timed), side by side
   * DSpark  (verify-all, no STS)  ECE of the raw confidence (the same draft without its dspark_sts.json)
   * DFlash-mode (verify-all)      the same checkpoint with the Markov head zeroed: independent per-position drafts
+  * previous draft (verify-all)   with --baseline-draft-path: another draft (e.g. the one shipped before), same runs
   * NGRAM                         SGLang's n-gram speculation with the same verify width
   * DSPARK (default)              what users get (scheduler on): tokens/s at concurrency 1 (T = 0 and 1), ratio
 
@@ -143,6 +145,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", help="default: the embedded SmolLM2 (fp32)")
     ap.add_argument("--draft-model-path", help="default: the shipped draft")
+    ap.add_argument("--baseline-draft-path", help="also measure this draft (row 'previous draft'), e.g. the old one")
     ap.add_argument("--prompts", default=str(HELD_OUT), help="JSONL with a 'text' field per line")
     ap.add_argument("--num-prompts", type=int, default=100)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -175,11 +178,15 @@ def main(argv=None) -> int:
     # static mode verify-all would pick, the head is not even built, so there would be nothing to calibrate).
     verify_all = {"SGLANG_DSPARK_ADMISSION": "verify-all", "SGLANG_RAGGED_VERIFY_MODE": "compact"}
     gamma = int(json.loads((draft / "config.json").read_text())["block_size"])
+    baseline_gamma = int(json.loads((Path(args.baseline_draft_path) / "config.json").read_text())["block_size"]) \
+        if args.baseline_draft_path else gamma
     configs = [
         ("no-spec", [], {}, ("greedy", "speed", "speed T1")),
         ("DSpark", [*dspark, "--speculative-draft-model-path", str(draft)], verify_all, ("T0", "T1")),
         ("DSpark, no STS", [*dspark, "--speculative-draft-model-path", str(raw)], verify_all, ("T0", "T1")),
         ("DFlash-mode", [*dspark, "--speculative-draft-model-path", str(dflash)], verify_all, ("T0", "T1")),
+        *([("previous draft", [*dspark, "--speculative-draft-model-path", str(args.baseline_draft_path)], verify_all,
+             ("T0", "T1"))] if args.baseline_draft_path else []),
         ("NGRAM", ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens",
                    str(args.ngram_draft_tokens)], {}, ("T0", "T1")),
         ("DSPARK default", [*dspark, "--speculative-draft-model-path", str(draft)], {}, ("speed", "speed T1")),
@@ -209,7 +216,7 @@ def main(argv=None) -> int:
                     row[job] = run_workload(server, prompts, 0.0, args.max_new_tokens, args.concurrency)
                 else:
                     row[job] = run_workload(server, prompts, 0.0 if job == "T0" else 1.0, args.max_new_tokens,
-                                            args.concurrency, gamma)
+                                            args.concurrency, baseline_gamma if label == "previous draft" else gamma)
         finally:
             server.stop()
         rows[label] = row
@@ -220,7 +227,7 @@ def main(argv=None) -> int:
           f"max_new_tokens {args.max_new_tokens}, acceptance runs at concurrency {args.concurrency}\n")
     print(f"{'configuration':16s} {'tau T=0':>8s} {'tau T=1':>8s} {'ECE T=0':>8s} {'ECE T=1':>8s} "
           f"{'greedy = no-spec':>17s}  acceptance by draft position (T=0 | T=1)")
-    for label in ("DSpark", "DSpark, whole vocab", "DSpark, no STS", "DFlash-mode", "NGRAM"):
+    for label in ("DSpark", "DSpark, whole vocab", "DSpark, no STS", "DFlash-mode", "previous draft", "NGRAM"):
         if label not in rows:
             continue
         r = rows[label]
@@ -233,6 +240,10 @@ def main(argv=None) -> int:
     if "DSpark" in rows and "DFlash-mode" in rows:
         ratio = [rows["DSpark"][t]["tau"] / rows["DFlash-mode"][t]["tau"] for t in ("T0", "T1")]
         print(f"\ntau(DSpark) / tau(DFlash-mode): T=0 {ratio[0]:.3f}, T=1 {ratio[1]:.3f}")
+    for other in ("NGRAM", "previous draft"):
+        if "DSpark" in rows and other in rows:
+            ratio = [rows["DSpark"][t]["tau"] / rows[other][t]["tau"] for t in ("T0", "T1")]
+            print(f"tau(DSpark) / tau({other}): T=0 {ratio[0]:.3f}, T=1 {ratio[1]:.3f}")
     if "DSpark" in rows and "DSpark, whole vocab" in rows:
         print_hot_vocab_change(draft, target, rows, reference)
     if "DSPARK default" not in rows:

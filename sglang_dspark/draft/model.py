@@ -295,8 +295,16 @@ class DSparkDraft(nn.Module):
             ConfidenceHead(d, a.markov_rank, a.confidence_with_markov) if a.confidence_head else None
         )
         self.rotary = Rotary(a.head_dim, a.rope_theta, a.rope_linear_factor)
+        # FR-Spec hot vocabulary (None: the whole vocabulary). Not a buffer: it is not part of the checkpoint.
+        self.hot_ids: Optional[torch.Tensor] = None
 
     # ----------------------------------------------------------------------------- setup
+
+    def set_hot_vocab(self, token_ids: Optional[torch.Tensor]) -> None:
+        """Draft over ``token_ids`` only, as a server does with a shipped hot set (``patches/hot_vocab.py``):
+        ``base_logits`` / ``markov_bias`` stay |V| wide with ``-inf`` / 0 outside the set, and ``heads(...,
+        narrow=True)`` returns the [.., |H|] columns alone (training: the vocabulary-sized work shrinks |V|/|H|-fold)."""
+        self.hot_ids = None if token_ids is None else token_ids.to(self.fc.weight.device, torch.long)
 
     @property
     def gamma(self) -> int:
@@ -357,10 +365,42 @@ class DSparkDraft(nn.Module):
         return self.norm(h).view(a, g, -1)
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The draft's logits of its final hidden (over the hot vocabulary when one is set)."""
+        if self.hot_ids is None:
+            return self.vocab_logits(hidden)
+        return self._widen(self.narrow_base_logits(hidden), float("-inf"))
+
+    def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The shared LM head over the whole vocabulary (the target's logits, given the target's final hidden)."""
         return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
 
     def markov_bias(self, prev: torch.Tensor) -> torch.Tensor:
-        return self.markov_head(prev).float()
+        if self.hot_ids is None:
+            return self.markov_head(prev).float()
+        return self._widen(self.narrow_markov_bias(prev), 0.0)
+
+    def narrow_base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., |H|] logits of the hot tokens (column j is token ``hot_ids[j]``)."""
+        w = self._hot_lm_head_weight()
+        return F.linear(hidden.to(w.dtype), w).float()
+
+    def _hot_lm_head_weight(self) -> torch.Tensor:
+        """``lm_head.weight[hot_ids]``, gathered once while the (frozen, shared) head and the hot set stay the same."""
+        w = self.lm_head.weight
+        key = (self.hot_ids, w.data_ptr(), w._version)
+        cached = getattr(self, "_hot_lm_cache", None)
+        if cached is None or cached[0][0] is not key[0] or cached[0][1:] != key[1:] or w.requires_grad:
+            cached = (key, w.index_select(0, self.hot_ids))
+            self._hot_lm_cache = cached
+        return cached[1]
+
+    def narrow_markov_bias(self, prev: torch.Tensor) -> torch.Tensor:
+        w2 = self.markov_head.markov_w2.weight.index_select(0, self.hot_ids)  # gradient reaches the hot rows
+        return F.linear(self.markov_head.markov_w1(prev), w2).float()
+
+    def _widen(self, narrow: torch.Tensor, fill: float) -> torch.Tensor:
+        out = narrow.new_full((*narrow.shape[:-1], self.arch.vocab_size), fill)
+        return out.index_copy(-1, self.hot_ids, narrow)
 
     def confidence(self, hidden: torch.Tensor, prev: torch.Tensor) -> Optional[torch.Tensor]:
         if self.confidence_head is None:
@@ -407,13 +447,17 @@ class DSparkDraft(nn.Module):
         prev = input_ids[(anchor_index[:, None] + offs[None, :]).clamp(max=s - 1)]
         return hidden, prev
 
-    def heads(self, hidden: torch.Tensor, prev: torch.Tensor) -> BlockOutput:
-        """Vocabulary-sized part: base logits, Markov-corrected logits, confidence logits (fp32)."""
-        base = self.base_logits(hidden)
+    def heads(self, hidden: torch.Tensor, prev: torch.Tensor, narrow: bool = False) -> BlockOutput:
+        """Vocabulary-sized part: base logits, Markov-corrected logits, confidence logits (fp32). ``narrow`` (with a
+        hot vocabulary set): logits over the hot columns only."""
+        if narrow and self.hot_ids is not None:
+            base, bias = self.narrow_base_logits(hidden), self.narrow_markov_bias(prev)
+        else:
+            base, bias = self.base_logits(hidden), self.markov_bias(prev)
         return BlockOutput(
             hidden=hidden,
             base_logits=base,
-            logits=base + self.markov_bias(prev),
+            logits=base + bias,
             confidence_logits=self.confidence(hidden, prev),
             prev_tokens=prev,
         )

@@ -1,4 +1,4 @@
-"""``python -m sglang_dspark.training {prompts,generate,features,train,export,calibrate}``: train a DSpark draft.
+"""``python -m sglang_dspark.training {prompts,generate,features,train,export,calibrate,evaluate,curve}``: train a DSpark draft.
 
     prompts    --bigbench SDIST --out-dir DIR   BIG-bench inputs -> DIR/{train,heldout}_prompts.jsonl (split by task)
     generate   --target DIR --prompts FILE --out FILE.jsonl [--temperature 0.7 --deadline-minutes M]
@@ -9,6 +9,8 @@
     features   --target DIR --data FILE.jsonl --cache-dir DIR          (only the target pass)
     export     --run RUN --out DIR [--omit-shared] [--dtype bfloat16]  (latest checkpoint -> DeepSpec checkpoint)
     calibrate  --draft DIR (--target DIR --data FILE.jsonl | --cache-dir DIR | --sts-data GLOB) --out sts.json
+    evaluate   (--draft DIR [DIR ...] | --run RUN) --cache-dir DIR [--whole-vocab --no-markov]   held-out replay: tau, ECE
+    curve      --run RUN [RUN ...] --out PNG                    loss and held-out tau against training hours
 """
 
 from __future__ import annotations
@@ -132,13 +134,22 @@ def cmd_train(args) -> int:
     if (args.resume or args.extend) and run_path.is_file():
         run = json.loads(run_path.read_text())
         dcfg = run["draft_config"]
+    elif args.init_from:
+        # Warm start: the trained draft's geometry, a block size of this run's choosing (no weight depends on it)
+        dcfg = json.loads((Path(args.init_from) / "config.json").read_text(encoding="utf-8"))
+        dcfg["block_size"] = int(args.block_size or dcfg["block_size"])
+        dcfg["num_anchors"] = int(args.num_anchors)
+        run = {"target": str(target.resolve()), "data": str(Path(args.data).resolve()), "draft_config": dcfg,
+               "init_from": str(Path(args.init_from).resolve())}
+        out.mkdir(parents=True, exist_ok=True)
+        run_path.write_text(json.dumps(run, indent=2, sort_keys=True) + "\n")
     else:
         tok = _tokenizer(target)
         ids = _ints(args.target_layer_ids) if args.target_layer_ids else default_target_layer_ids(
             n_layers, args.num_context_features or min(max(args.layers, 3), n_layers - 1))
         validate_layer_ids(ids, n_layers)
         dcfg = build_draft_config(
-            tcfg, num_draft_layers=args.layers, block_size=args.block_size,
+            tcfg, num_draft_layers=args.layers, block_size=args.block_size or 7,
             mask_token_id=resolve_mask_token_id(target, int(tcfg["vocab_size"]), args.mask_token_id, tok),
             target_layer_ids=ids, markov_rank=args.markov_rank, confidence_head=not args.no_confidence_head,
             num_anchors=args.num_anchors, dtype=args.export_dtype or _dtype_of(tcfg),
@@ -156,29 +167,62 @@ def cmd_train(args) -> int:
     model.init_trainable(torch.Generator().manual_seed(args.seed), init_std(dcfg))
     shared = cache.shared_weights()
     model.set_shared(shared["embed_tokens.weight"].float(), shared["lm_head.weight"].float())
+    if run.get("init_from") and not any((out / "checkpoints").glob(f"{CKPT_PREFIX}*.pt")):
+        start = load_draft(Path(run["init_from"]), shared=shared)
+        model.load_state_dict(start.state_dict())
+    hot = _hot_vocab(args.hot_vocab, int(dcfg["vocab_size"]))
+    if hot is not None:
+        model.set_hot_vocab(hot.token_ids)
+        if run.get("hot_vocab") != str(Path(args.hot_vocab).resolve()):
+            run["hot_vocab"] = str(Path(args.hot_vocab).resolve())  # `evaluate --run` drafts over it too
+            run_path.write_text(json.dumps(run, indent=2, sort_keys=True) + "\n")
     cfg = TrainConfig(
         out_dir=str(out), steps=args.steps, batch_size=args.batch_size, num_anchors=args.num_anchors,
         micro_tokens=args.micro_tokens, head_chunk=args.head_chunk, lr=args.lr, min_lr_ratio=args.min_lr_ratio,
         warmup_ratio=args.warmup_ratio,
         weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, loss_decay=args.loss_decay,
         alpha_ce=args.alpha_ce, alpha_l1=args.alpha_l1, alpha_conf=args.alpha_conf, seed=args.seed,
-        save_every=args.save_every, log_every=args.log_every, threads=args.threads, device=args.device,
-        progress=not args.quiet,
+        save_every=args.save_every, keep_checkpoints=args.keep_checkpoints, log_every=args.log_every, threads=args.threads, device=args.device,
+        progress=not args.quiet, precision=args.precision, loss_on_prompts=args.loss_on_prompts,
     )
     if not args.quiet:
         print(f"draft: {num_params(model)/1e6:.2f}M trainable params, {len(cache)} sequences, "
               f"target_layer_ids={dcfg['target_layer_ids']}, mask_token_id={dcfg['mask_token_id']}", file=sys.stderr)
     trainer = Trainer(model, cache, cfg)
     t0 = time.perf_counter()
-    trainer.train(resume=args.resume, extend=args.extend)
+    trainer.train(resume=args.resume, extend=args.extend,
+                  stop_after_seconds=None if args.stop_after_minutes is None else 60.0 * args.stop_after_minutes)
     export_dir = Path(args.export_dir) if args.export_dir else out / "draft"
     save_draft(model, export_dir, include_shared=not args.omit_shared, dtype=DTYPES[_dtype_of(dcfg)],
                tokenizer_dir=target)
+    if hot is not None:  # the draft was trained for this hot set: it ships with it
+        from sglang_dspark.draft.hot_vocab import HOT_VOCAB_FILE
+
+        (export_dir / HOT_VOCAB_FILE).write_text(json.dumps(hot.to_json()) + "\n", encoding="utf-8")
     if not args.quiet:
         print(f"trained to step {trainer.step} in {time.perf_counter() - t0:.1f}s; draft -> {export_dir}",
               file=sys.stderr)
     print(export_dir)
     return 0
+
+
+def _hot_vocab(path: Optional[str], vocab_size: int):
+    """The hot set of ``--hot-vocab`` (a draft folder holding one, or the JSON file itself), or None."""
+    if not path:
+        return None
+    from sglang_dspark.draft.hot_vocab import HOT_VOCAB_FILE, load_hot_vocab
+
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    if not p.exists():
+        raise SystemExit(f"--hot-vocab {path}: no such file or folder")
+    if p.is_file() and p.name != HOT_VOCAB_FILE:
+        raise SystemExit(f"--hot-vocab {path}: expected a folder holding {HOT_VOCAB_FILE} or that file itself")
+    hot = load_hot_vocab(folder, vocab_size)
+    if hot is None:
+        raise SystemExit(f"--hot-vocab {path}: no {HOT_VOCAB_FILE} there (build one with "
+                         "`python -m sglang_dspark.draft.hot_vocab build`)")
+    return hot
 
 
 def _jsonl_is_tokenized(path: Path) -> bool:
@@ -269,6 +313,74 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def cmd_evaluate(args) -> int:
+    """Greedy drafting rounds replayed on a feature cache of held-out target answers (``collect_observations``):
+    acceptance by slot, tau, confidence ECE with the draft's STS file. The draft runs as served: over its shipped hot
+    vocabulary unless ``--whole-vocab``; ``--no-markov`` zeroes the Markov head (the paper's DFlash-mode ablation)."""
+    from sglang_dspark.draft.hot_vocab import load_hot_vocab
+    from .sts import collect_observations, replay_quality
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cache = FeatureCache(Path(args.cache_dir))
+    jobs = []  # (label, model loader, hot vocabulary, STS temperatures, extra fields)
+    for draft in args.draft or []:
+        draft = Path(draft)
+        sts_path = draft / "dspark_sts.json"
+        temps = json.loads(sts_path.read_text())["temperatures"] if sts_path.is_file() else None
+        load = lambda d=draft: load_draft(d, shared=cache.shared_weights())  # noqa: E731
+        vocab = int(json.loads((draft / "config.json").read_text())["vocab_size"])
+        jobs.append((str(draft), load, None if args.whole_vocab else load_hot_vocab(draft, vocab), temps, {}))
+    log_path = None
+    if args.run:  # every checkpoint of a run not yet evaluated on this cache: the tau-per-training-hour curve
+        run_dir = Path(args.run)
+        run = json.loads((run_dir / "run.json").read_text())
+        hot = None if args.whole_vocab or not run.get("hot_vocab") else _hot_vocab(
+            run["hot_vocab"], int(run["draft_config"]["vocab_size"]))
+        log_path = run_dir / "evaluations.jsonl"
+        done = set()
+        if log_path.is_file():
+            done = {(r["checkpoint"], r["cache"], r["markov"], r["hot_vocab"])
+                    for r in map(json.loads, log_path.read_text().splitlines())}
+        checkpoints = sorted((run_dir / "checkpoints").glob(f"{CKPT_PREFIX}*.pt"))
+        for ck in checkpoints:
+            if (ck.name, str(cache.dir), not args.no_markov, None if hot is None else hot.size) in done:
+                continue
+            st = torch.load(ck, map_location="cpu", weights_only=False)
+            if args.every and st["step"] % args.every and ck != checkpoints[-1]:
+                continue
+            jobs.append((str(ck), lambda c=ck: _model_from_run(run_dir, c), hot, None,
+                         {"checkpoint": ck.name, "step": st["step"], "train_seconds": st.get("train_seconds"),
+                          "cache": str(cache.dir)}))
+    if not jobs:
+        raise SystemExit("nothing to evaluate: pass --draft and/or --run (whose checkpoints are all evaluated)")
+    for label, load, hot, temps, extra in jobs:
+        model = load()
+        if list(model.config["target_layer_ids"]) != cache.layer_ids:
+            raise SystemExit(f"{label}: target_layer_ids {model.config['target_layer_ids']} != cache {cache.layer_ids}")
+        model.set_hot_vocab(None if hot is None else hot.token_ids)
+        if args.no_markov:
+            with torch.no_grad():
+                model.markov_head.markov_w2.weight.zero_()
+        z, y, v = collect_observations(model, cache, anchors_per_seq=args.anchors_per_seq, seed=args.seed,
+                                       progress=not args.quiet)
+        q = replay_quality(z, y, v, temps)
+        q.update(draft=label, hot_vocab=None if hot is None else hot.size, markov=not args.no_markov,
+                 block_size=model.gamma, **extra)
+        print(json.dumps(q), flush=True)
+        if extra and log_path is not None:
+            with open(log_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(q) + "\n")
+    return 0
+
+
+def cmd_curve(args) -> int:
+    from .curve import plot_runs
+
+    print(plot_runs([Path(r) for r in args.run], Path(args.out), args.offset_hours))
+    return 0
+
+
 # --------------------------------------------------------------------------------------------- parser
 
 
@@ -304,7 +416,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True)
     t.add_argument("--cache-dir", default=None)
     t.add_argument("--export-dir", default=None)
-    t.add_argument("--block-size", type=int, default=7)
+    t.add_argument("--block-size", type=int, default=None, help="default 7, or --init-from's")
+    t.add_argument("--init-from", default=None, help="start from this exported draft's weights (warm start)")
+    t.add_argument("--hot-vocab", default=None,
+                   help="train over this hot vocabulary (a folder with dspark_hot_vocab.json, or the file): the "
+                        "draft as served with it, and ~|V|/|H| times less vocabulary work per step")
     t.add_argument("--layers", type=int, default=2)
     t.add_argument("--markov-rank", type=int, default=64)
     t.add_argument("--target-layer-ids", default=None, help="comma list; default evenly spaced")
@@ -329,10 +445,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--alpha-conf", type=float, default=1.0)
     t.add_argument("--seed", type=int, default=42)
     t.add_argument("--save-every", type=int, default=200)
+    t.add_argument("--keep-checkpoints", type=int, default=2, help="older checkpoints are deleted")
     t.add_argument("--log-every", type=int, default=10)
     t.add_argument("--threads", type=int, default=None)
     t.add_argument("--device", default="cpu", help="cpu (default) or e.g. cuda")
+    t.add_argument("--loss-on-prompts", action="store_true",
+                   help="anchors and labels over every token, prompts included (default: the answers only)")
+    t.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                   help="bf16: the draft's forward under bf16 autocast (master weights, loss and targets stay fp32)")
     t.add_argument("--resume", action="store_true")
+    t.add_argument("--stop-after-minutes", type=float, default=None,
+                   help="stop (with a checkpoint) after this much wall time; --resume goes on later")
     t.add_argument("--extend", action="store_true",
                    help="resume a run with another --steps total (its cosine schedule is recomputed for it)")
     t.add_argument("--omit-shared", action="store_true", help="export without embed_tokens/lm_head copies")
@@ -372,6 +495,28 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true")
     _add_data_args(c)
     c.set_defaults(func=cmd_calibrate)
+
+    ev = sub.add_parser("evaluate", help="held-out greedy replay: acceptance by slot, tau, confidence ECE")
+    ev.add_argument("--draft", nargs="+", help="exported draft folder(s)")
+    ev.add_argument("--run", default=None, help="a training run: its checkpoints not yet evaluated on this cache, "
+                                                "appended to RUN/evaluations.jsonl (the tau-per-hour curve)")
+    ev.add_argument("--every", type=int, default=None, help="with --run: only checkpoints at multiples of this step "
+                                                             "(and the last)")
+    ev.add_argument("--cache-dir", required=True, help="feature cache of held-out target answers (`features`)")
+    ev.add_argument("--whole-vocab", action="store_true", help="ignore the draft's hot vocabulary")
+    ev.add_argument("--no-markov", action="store_true", help="zero the Markov head (DFlash-mode ablation)")
+    ev.add_argument("--anchors-per-seq", type=int, default=64)
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--threads", type=int, default=None)
+    ev.add_argument("--quiet", action="store_true")
+    ev.set_defaults(func=cmd_evaluate)
+
+    cu = sub.add_parser("curve", help="PNG of training loss and held-out tau against training hours")
+    cu.add_argument("--run", required=True, nargs="+")
+    cu.add_argument("--out", required=True)
+    cu.add_argument("--offset-hours", type=float, nargs="*", default=None,
+                    help="per run: hours of training before it (a warm start's own training time)")
+    cu.set_defaults(func=cmd_curve)
     return ap
 
 

@@ -2,12 +2,13 @@
 
     python -m sglang_dspark.training.bench [--hidden 576 --heads 9 --kv-heads 3 --head-dim 64 --intermediate 1536
         --vocab 49152 --layers 2 --features 3 --markov-rank 64 --block-size 7 --seq-len 1024 --seqs 2
-        --num-anchors 64 --steps 3 --threads 2]
+        --num-anchors 64 --steps 3 --threads 2 --hot 0]
 
 Random context features and tokens stand in for a feature cache; each step is what ``Trainer.train_step`` does
 (forward, DeepSpec loss, backward, clip, AdamW). Prints context tokens/s and block slots/s (anchors x gamma), per
 wall second and per CPU second (all threads; on a shared machine the CPU-second figure is the steadier one).
-Defaults are SmolLM2-135M's geometry.
+Defaults are SmolLM2-135M's geometry. ``--hot N``: the vocabulary-sized heads and the loss over N hot tokens (FR-Spec
+training, ``train --hot-vocab``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     for name, default in (("hidden", 576), ("heads", 9), ("kv-heads", 3), ("head-dim", 64), ("intermediate", 1536),
                           ("vocab", 49152), ("layers", 2), ("features", 3), ("markov-rank", 64), ("block-size", 7),
-                          ("seq-len", 1024), ("seqs", 2), ("num-anchors", 64), ("steps", 3), ("threads", 2)):
+                          ("seq-len", 1024), ("seqs", 2), ("num-anchors", 64), ("steps", 3), ("threads", 2), ("hot", 0)):
         ap.add_argument(f"--{name}", type=int, default=default)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -47,13 +48,16 @@ def main(argv=None) -> int:
     model = DSparkDraft(synthetic_config(a))
     model.init_trainable(g)
     model.set_shared(torch.randn(a.vocab, a.hidden, generator=g), torch.randn(a.vocab, a.hidden, generator=g) * 0.05)
+    if a.hot:
+        model.set_hot_vocab(torch.randperm(a.vocab, generator=g)[: a.hot])
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
     cfg = TrainConfig(out_dir="/dev/null")
     seqs = [CachedSequence(input_ids=torch.randint(1, a.vocab, (a.seq_len,), generator=g),
                            loss_mask=torch.ones(a.seq_len, dtype=torch.bool),
                            aux=torch.randn(a.seq_len, a.features * a.hidden, generator=g).bfloat16(),
-                           last=torch.randn(a.seq_len, a.hidden, generator=g).bfloat16()) for _ in range(a.seqs)]
+                           last=torch.randn(a.seq_len, a.hidden, generator=g).bfloat16(),
+                           lse=torch.randn(a.seq_len, generator=g) + 12.0) for _ in range(a.seqs)]
     times, cpu = [], []
     for step in range(a.steps + 1):  # first step is warm-up
         t0, c0 = time.perf_counter(), time.process_time()
@@ -76,7 +80,7 @@ def main(argv=None) -> int:
                       "cpu_sec_per_step": round(cpu_sec, 3),
                       "ctx_tokens_per_cpu_s": round(ctx / cpu_sec, 1),
                       "threads": a.threads, "seq_len": a.seq_len, "seqs_per_step": a.seqs,
-                      "anchors_per_seq": a.num_anchors}))
+                      "anchors_per_seq": a.num_anchors, "block_size": a.block_size, "hot": a.hot}))
     return 0
 
 

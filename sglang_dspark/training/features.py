@@ -9,6 +9,8 @@ Per token we keep (DeepSpec's target cache, §4.4):
   ``hidden_states[L]`` is post final norm).
 * ``last`` [d]: the target's final-normed hidden state; ``lm_head(last[p])`` is the target's distribution of
   token ``p + 1``, recomputed at training time instead of storing V floats per token.
+* ``lse`` (fp32): ``logsumexp(lm_head(last[p]))`` over the whole vocabulary, so training over a hot vocabulary
+  (FR-Spec) gets the target's exact probabilities of the hot tokens from |H| columns instead of |V|.
 
 Shards are safetensors files (bf16 by default) written atomically; a rebuild with the same inputs reuses them, and
 an interrupted build resumes at the first missing shard. The target's embedding and LM head are stored once in
@@ -28,7 +30,7 @@ import torch
 
 from .data import TokenizedSequence, sequences_fingerprint
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: + lse
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -93,8 +95,8 @@ class TargetRunner:
         }
 
     @torch.no_grad()
-    def run(self, batch: Sequence[Sequence[int]]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-        """Right-padded batch -> per sequence (aux [S, n*d], last [S, d]) in the model dtype."""
+    def run(self, batch: Sequence[Sequence[int]]) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Right-padded batch -> per sequence (aux [S, n*d], last [S, d] in the model dtype, lse [S] fp32)."""
         s_max = max(len(s) for s in batch)
         ids = torch.zeros(len(batch), s_max, dtype=torch.long)
         att = torch.zeros(len(batch), s_max, dtype=torch.long)
@@ -107,7 +109,15 @@ class TargetRunner:
             raise RuntimeError(f"expected {self.num_layers + 1} hidden states, got {len(hs)}")
         aux = torch.cat([hs[l + 1] for l in self.layer_ids], dim=-1)
         last = out.last_hidden_state
-        return [(aux[i, : len(s)], last[i, : len(s)]) for i, s in enumerate(batch)]
+        return [(aux[i, : len(s)], last[i, : len(s)], self.log_normalizer(last[i, : len(s)]))
+                for i, s in enumerate(batch)]
+
+    def log_normalizer(self, last: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+        """[S, d] final hidden -> [S] fp32 logsumexp of the target's logits (chunked: S x |V| floats at once would
+        be gigabytes)."""
+        w = self.model.get_output_embeddings().weight
+        return torch.cat([torch.logsumexp(torch.nn.functional.linear(last[a : a + chunk], w).float(), dim=-1)
+                          for a in range(0, last.shape[0], chunk)])
 
 
 # --------------------------------------------------------------------------------------------- cache
@@ -189,7 +199,7 @@ def build_feature_cache(
         if path.is_file() and _shard_key(path) == key_hash:
             bar.update(n_tok)
             continue
-        aux_rows, last_rows, ids, masks, offsets = [], [], [], [], [0]
+        aux_rows, last_rows, lse_rows, ids, masks, offsets = [], [], [], [], [], [0]
         i = a
         while i < b:
             # length-bounded batches; sequences stay in order so shard contents are deterministic
@@ -197,9 +207,10 @@ def build_feature_cache(
             while j < b and (j == i or max(longest, len(seqs[j].input_ids)) * (j - i + 1) <= batch_tokens):
                 longest = max(longest, len(seqs[j].input_ids))
                 j += 1
-            for s, (aux, last) in zip(seqs[i:j], runner.run([seqs[t].input_ids for t in range(i, j)])):
+            for s, (aux, last, lse) in zip(seqs[i:j], runner.run([seqs[t].input_ids for t in range(i, j)])):
                 aux_rows.append(aux.to(store_dtype))
                 last_rows.append(last.to(store_dtype))
+                lse_rows.append(lse)
                 ids.extend(s.input_ids)
                 masks.extend(s.loss_mask)
                 offsets.append(offsets[-1] + len(s.input_ids))
@@ -212,6 +223,7 @@ def build_feature_cache(
                 "offsets": torch.tensor(offsets, dtype=torch.int64),
                 "aux": torch.cat(aux_rows),
                 "last": torch.cat(last_rows),
+                "lse": torch.cat(lse_rows),
             },
             path,
             {"key": key_hash},
@@ -248,6 +260,7 @@ class CachedSequence:
     loss_mask: torch.Tensor  # [S] bool
     aux: torch.Tensor  # [S, n*d] store dtype
     last: torch.Tensor  # [S, d] store dtype
+    lse: Optional[torch.Tensor] = None  # [S] fp32 target log-normaliser (None: a synthetic sequence)
 
 
 class FeatureCache:
@@ -285,6 +298,7 @@ class FeatureCache:
             loss_mask=h.get_slice("loss_mask")[a:b].bool(),
             aux=h.get_slice("aux")[a:b],
             last=h.get_slice("last")[a:b],
+            lse=h.get_slice("lse")[a:b],
         )
 
     def shared_weights(self) -> Dict[str, torch.Tensor]:

@@ -7,6 +7,12 @@ not the paper's gamma) times the slot's validity (contiguous valid prefix of the
 Markov-corrected, teacher-forced ones; softmaxes are fp32 at temperature 1. The confidence target is the
 acceptance probability of slot k under rejection sampling, ``c*_k = 1 - 0.5 * ||p_draft - p_target||_1``,
 clamped to [0, 1] and detached (the confidence term must not push the draft distribution).
+
+Over a hot vocabulary H (FR-Spec, the draft's distribution is zero outside H, as it is served), the logits are the
+|H| hot columns, ``labels`` index into H (-1: the data token is outside H, so the slot has no CE term), and
+``target_lse`` carries the target's whole-vocabulary log-normaliser: ``p_target(h) = exp(z_h - lse)``, and the
+target's mass outside H, which no draft over H can cover, is added to the L1 distance. The L1 and the acceptance
+probability are then exactly those of the served draft; their gradients are the whole-vocabulary ones restricted to H.
 """
 
 from __future__ import annotations
@@ -53,8 +59,10 @@ def dspark_loss(
     alpha_l1: float = DEFAULT_ALPHAS[1],
     alpha_conf: float = DEFAULT_ALPHAS[2],
     denom: Optional[torch.Tensor | float] = None,
+    target_lse: Optional[torch.Tensor] = None,
 ) -> LossParts:
-    """logits/target_logits [A, gamma, V]; labels/valid/confidence_logits [A, gamma].
+    """logits/target_logits [A, gamma, V] (or [A, gamma, |H|] with ``target_lse`` [A, gamma]);
+    labels/valid/confidence_logits [A, gamma].
 
     ``denom`` (default: this call's weight sum) lets gradient accumulation divide every micro-batch by the whole
     step's weight sum, which makes the accumulated gradient equal to one big batch's (DeepSpec all-reduces the
@@ -64,11 +72,18 @@ def dspark_loss(
     wsum = w.sum()
     den = wsum.clamp_min(1e-6) if denom is None else torch.as_tensor(denom, dtype=torch.float32).clamp_min(1e-6)
     v = logits.shape[-1]
-    safe_labels = torch.where(valid, labels, torch.zeros_like(labels))
+    has_label = valid & (labels >= 0)
+    safe_labels = torch.where(has_label, labels, torch.zeros_like(labels))
     ce = F.cross_entropy(logits.float().reshape(-1, v), safe_labels.reshape(-1), reduction="none").view_as(w)
+    ce = ce * has_label.float()
     p_draft = torch.softmax(logits.float(), dim=-1)
-    p_target = torch.softmax(target_logits.float(), dim=-1)
-    l1 = (p_draft - p_target).abs().sum(-1)
+    if target_lse is None:
+        p_target = torch.softmax(target_logits.float(), dim=-1)
+        l1 = (p_draft - p_target).abs().sum(-1)
+    else:
+        p_target = torch.exp(target_logits.float() - target_lse.float()[..., None])
+        outside = (1.0 - p_target.sum(-1)).clamp_min(0.0)
+        l1 = (p_draft - p_target).abs().sum(-1) + outside
     accept = (1.0 - 0.5 * l1).clamp(0.0, 1.0).detach()
     if confidence_logits is not None:
         conf = F.binary_cross_entropy_with_logits(confidence_logits.float(), accept, reduction="none")

@@ -166,7 +166,7 @@ def collect_observations(
         end = mb.anchor_end[:, None]
         in_seq = rows < end
         safe = rows.clamp(max=s - 1)
-        t_greedy = model.base_logits(mb.last[safe].float()).argmax(-1)  # [A, g]
+        t_greedy = model.vocab_logits(mb.last[safe].float()).argmax(-1)  # [A, g]
         accept = (out.tokens == t_greedy) & in_seq
         prefix = torch.cumprod(accept.long(), dim=1).bool()
         data_next = mb.input_ids[(rows + 1).clamp(max=s - 1)]
@@ -201,6 +201,23 @@ def collect_observations(
     if not zs:
         raise ValueError("no anchors to calibrate on")
     return torch.cat(zs), torch.cat(ys), torch.cat(vs)
+
+
+def replay_quality(logits: torch.Tensor, prefix_mask: torch.Tensor, valid: torch.Tensor,
+                   temperatures: Optional[Sequence[float]] = None, num_bins: int = DEFAULT_BINS) -> dict:
+    """What ``collect_observations`` rounds say of a draft: ``p_accept_ge[k]`` = P(the first k + 1 drafted tokens are
+    all accepted) per slot (observable rounds only), the greedy acceptance length ``tau`` = 1 + their sum (the bonus
+    token counted), and the ECE of the prefix-survival confidence per slot (with ``temperatures``: after STS)."""
+    y, m = prefix_mask.double(), valid.bool()
+    temps = list(temperatures) if temperatures is not None else [1.0] * y.shape[1]
+    surv = torch.ones(y.shape[0], dtype=torch.float64)
+    p_ge, eces = [], []
+    for k in range(y.shape[1]):
+        mk = m[:, k]
+        p_ge.append(float(y[mk, k].mean()) if bool(mk.any()) else 0.0)
+        surv = surv * torch.sigmoid(logits[:, k].double() / temps[k])
+        eces.append(ece(surv[mk], y[mk, k], num_bins) if bool(mk.any()) else 0.0)
+    return {"tau": 1.0 + sum(p_ge), "p_accept_ge": p_ge, "ece": eces, "rounds": int(y.shape[0])}
 
 
 def format_report(fit: StsFit) -> str:

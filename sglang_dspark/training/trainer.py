@@ -13,12 +13,13 @@ weights, AdamW and scheduler state, the data position and every RNG state, so ``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -55,6 +56,10 @@ class TrainConfig:
     log_every: int = 10
     threads: Optional[int] = None
     device: str = "cpu"  # batches are built on the CPU and moved; bitwise resume is only promised on the CPU
+    precision: str = "fp32"  # "bf16": the draft's forward under bf16 autocast (weights, optimizer, loss, targets fp32)
+    # Train on every token, prompts included (the target's soft labels exist everywhere in the cache): more positions
+    # per target-feature token, at the price of anchors in text the draft never drafts at serving time.
+    loss_on_prompts: bool = False
     progress: bool = True
 
     def to_json(self) -> dict:
@@ -78,6 +83,7 @@ class MicroBatch:
     valid: torch.Tensor  # [A, gamma]
     target_rows: torch.Tensor  # [A, gamma] packed index whose target hidden predicts the label
     anchor_end: torch.Tensor  # [A] packed index one past the anchor's sequence
+    lse: Optional[torch.Tensor] = None  # [S] target log-normaliser (needed to train over a hot vocabulary)
 
 
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, gen: torch.Generator) -> torch.Tensor:
@@ -89,7 +95,7 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, gen: torch.Generat
 
 def pack(items: Sequence[Tuple[CachedSequence, torch.Tensor]], gamma: int) -> MicroBatch:
     """Concatenate sequences; anchors become packed indices; block labels stop at the first invalid slot."""
-    ids, aux, last, pos, start, anchors = [], [], [], [], [], []
+    ids, aux, last, lse, pos, start, anchors = [], [], [], [], [], [], []
     seq_end, masks = [], []
     off = 0
     for seq, anc in items:
@@ -97,6 +103,7 @@ def pack(items: Sequence[Tuple[CachedSequence, torch.Tensor]], gamma: int) -> Mi
         ids.append(seq.input_ids)
         aux.append(seq.aux)
         last.append(seq.last)
+        lse.append(seq.lse)
         masks.append(seq.loss_mask)
         pos.append(torch.arange(s))
         start.append(torch.full((s,), off, dtype=torch.long))
@@ -123,26 +130,62 @@ def pack(items: Sequence[Tuple[CachedSequence, torch.Tensor]], gamma: int) -> Mi
         valid=valid,
         target_rows=(label_idx - 1).clamp(max=off - 1),
         anchor_end=end,
+        lse=None if any(x is None for x in lse) else torch.cat(lse),
     )
 
 
 def _to_device(mb: MicroBatch, dev: torch.device) -> MicroBatch:
     if mb.input_ids.device == dev:
         return mb
-    return MicroBatch(**{k: v.to(dev, non_blocking=True) for k, v in vars(mb).items()})
+    return MicroBatch(**{k: None if v is None else v.to(dev, non_blocking=True) for k, v in vars(mb).items()})
+
+
+def _targets(model: DSparkDraft, mb: MicroBatch, sl: slice, compute_dtype):
+    """(target logits, labels, target_lse) for the anchors ``sl``: whole vocabulary, or the hot columns with labels
+    as hot indices (-1 outside) and the cached log-normaliser when the model drafts over a hot vocabulary."""
+    rows = mb.target_rows[sl]
+    last = mb.last[rows].to(compute_dtype)
+    if model.hot_ids is None:
+        return model.vocab_logits(last), mb.labels[sl], None
+    if mb.lse is None:
+        raise ValueError("training over a hot vocabulary needs the target's log-normaliser in the feature cache "
+                         "(cache version 2): rebuild the cache")
+    return model.narrow_base_logits(last), hot_index(model)[mb.labels[sl]], mb.lse[rows]
+
+
+def hot_index(model: DSparkDraft) -> torch.Tensor:
+    """[V] position of each token in the model's hot vocabulary, -1 outside (cached on the model)."""
+    cached = getattr(model, "_hot_index", None)
+    if cached is None or cached[0] is not model.hot_ids:
+        index = torch.full((model.arch.vocab_size,), -1, dtype=torch.long, device=model.hot_ids.device)
+        index[model.hot_ids] = torch.arange(model.hot_ids.numel(), device=model.hot_ids.device)
+        cached = (model.hot_ids, index)
+        model._hot_index = cached
+    return cached[1]
+
+
+def _autocast(cfg: TrainConfig, device: torch.device):
+    """bf16 autocast of the draft's forward (its backward follows the forward's dtypes), or nothing."""
+    if cfg.precision == "fp32":
+        return contextlib.nullcontext()
+    if cfg.precision != "bf16":
+        raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 def micro_loss(model: DSparkDraft, mb: MicroBatch, cfg: TrainConfig, denom, compute_dtype=torch.float32):
     """The whole micro-batch's loss in one graph (simple; memory grows with anchors x vocab)."""
     mb = _to_device(mb, model.fc.weight.device)
-    out = model.training_forward(
+    hidden, prev = model.training_hidden(
         mb.input_ids, mb.aux.to(compute_dtype), mb.position_ids, mb.seq_start, mb.anchor_index
     )
+    out = model.heads(hidden, prev, narrow=True)
     with torch.no_grad():
-        target_logits = model.base_logits(mb.last[mb.target_rows].to(compute_dtype))
+        target_logits, labels, lse = _targets(model, mb, slice(None), compute_dtype)
     return dspark_loss(
-        out.logits, target_logits, mb.labels, out.confidence_logits, mb.valid,
+        out.logits, target_logits, labels, out.confidence_logits, mb.valid,
         decay=cfg.loss_decay, alpha_ce=cfg.alpha_ce, alpha_l1=cfg.alpha_l1, alpha_conf=cfg.alpha_conf, denom=denom,
+        target_lse=lse,
     )
 
 
@@ -153,9 +196,10 @@ def micro_backward(model: DSparkDraft, mb: MicroBatch, cfg: TrainConfig, denom, 
     (every chunk divides by the step's weight sum), with memory bounded by chunk x vocab instead of anchors x vocab.
     Returns (loss terms as floats, summed stats)."""
     mb = _to_device(mb, model.fc.weight.device)
-    hidden, prev = model.training_hidden(
-        mb.input_ids, mb.aux.to(compute_dtype), mb.position_ids, mb.seq_start, mb.anchor_index
-    )
+    with _autocast(cfg, mb.input_ids.device):
+        hidden, prev = model.training_hidden(
+            mb.input_ids, mb.aux.to(compute_dtype), mb.position_ids, mb.seq_start, mb.anchor_index
+        )
     h = hidden.detach().requires_grad_(True)
     totals = {"loss": 0.0, "ce": 0.0, "l1": 0.0, "conf": 0.0}
     stats: Dict[str, torch.Tensor] = {}
@@ -163,13 +207,14 @@ def micro_backward(model: DSparkDraft, mb: MicroBatch, cfg: TrainConfig, denom, 
     step = max(1, int(cfg.head_chunk)) if cfg.head_chunk else max(1, n)
     for a in range(0, n, step):
         sl = slice(a, a + step)
-        out = model.heads(h[sl], prev[sl])
+        with _autocast(cfg, mb.input_ids.device):
+            out = model.heads(h[sl], prev[sl], narrow=True)
         with torch.no_grad():
-            target_logits = model.base_logits(mb.last[mb.target_rows[sl]].to(compute_dtype))
+            target_logits, labels, lse = _targets(model, mb, sl, compute_dtype)
         parts = dspark_loss(
-            out.logits, target_logits, mb.labels[sl], out.confidence_logits, mb.valid[sl],
+            out.logits, target_logits, labels, out.confidence_logits, mb.valid[sl],
             decay=cfg.loss_decay, alpha_ce=cfg.alpha_ce, alpha_l1=cfg.alpha_l1, alpha_conf=cfg.alpha_conf,
-            denom=denom,
+            denom=denom, target_lse=lse,
         )
         parts.total.backward()
         for k, v in (("loss", parts.total), ("ce", parts.ce), ("l1", parts.l1), ("conf", parts.conf)):
@@ -222,6 +267,7 @@ class Trainer:
         self.epoch_pos = 0
         self.anchor_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.history: List[dict] = []
+        self.train_seconds = 0.0  # wall time of the steps so far, over every resume (the tau-per-hour axis)
 
     # ----------------------------------------------------------------------------- data order
 
@@ -245,6 +291,8 @@ class Trainer:
         items, groups, tokens = [], [], 0
         for i in seq_ids:
             seq = self.cache[i]
+            if self.cfg.loss_on_prompts:
+                seq = replace(seq, loss_mask=torch.ones_like(seq.loss_mask))
             anc = sample_anchors(seq.loss_mask, self.cfg.num_anchors, self.anchor_gen)
             if anc.numel() == 0:
                 continue
@@ -274,6 +322,7 @@ class Trainer:
             "train_config": self.cfg.to_json(),
             "draft_config": self.model.config,
             "history": self.history,
+            "train_seconds": self.train_seconds,
         }
 
     def save_checkpoint(self) -> Path:
@@ -314,6 +363,7 @@ class Trainer:
         random.setstate(st["python_rng"])
         self.step, self.epoch, self.epoch_pos = st["step"], st["epoch"], st["epoch_pos"]
         self.history = list(st.get("history", []))
+        self.train_seconds = float(st.get("train_seconds", 0.0))
         if extend:  # the loaded optimizer holds the old schedule's lr for the next step: take the new total's
             for group, base, fn in zip(self.opt.param_groups, self.sched.base_lrs, self.sched.lr_lambdas):
                 group["lr"] = base * fn(self.step)
@@ -344,6 +394,7 @@ class Trainer:
         self.sched.step()
         self.step += 1
         dt = time.perf_counter() - t0
+        self.train_seconds += dt
         n_slots = stats["slots"].clamp_min(1) if stats else torch.ones(g)
         rec = {
             "step": self.step,
@@ -356,14 +407,18 @@ class Trainer:
             "ctx_tokens": ctx_tokens,
             "block_slots": slots,
             "seconds": dt,
+            "train_seconds": self.train_seconds,
         }
         if "conf_abs_err_sum" in stats:
             rec["conf_abs_err"] = float(stats["conf_abs_err_sum"] / n_slots.sum())
         return rec
 
-    def train(self, resume: bool = False, stop_after: Optional[int] = None, extend: bool = False) -> List[dict]:
+    def train(self, resume: bool = False, stop_after: Optional[int] = None, extend: bool = False,
+              stop_after_seconds: Optional[float] = None) -> List[dict]:
         """Run to ``cfg.steps`` (``stop_after``: return early at that step, as an interruption would; ``extend``:
-        resume, allowing another ``cfg.steps`` total than the run was started with)."""
+        resume, allowing another ``cfg.steps`` total than the run was started with; ``stop_after_seconds``: stop
+        at the first step past this much wall time, with a checkpoint, so a later ``resume`` goes on from there)."""
+        started = time.perf_counter()
         from tqdm.auto import tqdm
 
         if self.cfg.threads:
@@ -383,7 +438,7 @@ class Trainer:
         try:
             while self.step < self.cfg.steps and (stop_after is None or self.step < stop_after):
                 rec = self.train_step()
-                self.history.append({k: rec[k] for k in ("step", "loss", "ce", "l1", "conf", "tau")})
+                self.history.append({k: rec[k] for k in ("step", "loss", "ce", "l1", "conf", "tau", "train_seconds")})
                 bar.update(1)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", tau=f"{rec['tau']:.2f}",
                                 acc0=f"{rec['accept'][0]:.2f}" if rec["accept"] else "-",
@@ -391,8 +446,12 @@ class Trainer:
                 if self.step % max(1, self.cfg.log_every) == 0 or self.step == self.cfg.steps:
                     log.write(json.dumps(rec) + "\n")
                     log.flush()
-                if self.cfg.save_every and (self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps):
+                out_of_time = stop_after_seconds is not None and time.perf_counter() - started >= stop_after_seconds
+                if (self.cfg.save_every and (self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps)) \
+                        or out_of_time:
                     self.save_checkpoint()
+                if out_of_time:
+                    break
         finally:
             bar.close()
             log.close()

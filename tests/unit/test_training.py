@@ -100,6 +100,7 @@ def test_feature_cache_matches_the_target(setup):
     torch.testing.assert_close(seq.aux, want, rtol=0, atol=1e-5)
     logits = seq.last @ model.lm_head.weight.T
     torch.testing.assert_close(logits, out.logits[0], rtol=0, atol=1e-4)
+    torch.testing.assert_close(seq.lse, torch.logsumexp(out.logits[0], dim=-1), rtol=0, atol=1e-4)
     assert seq.loss_mask[-1] and not seq.loss_mask[0]
     # Same inputs: the cache is reused, not rebuilt.
     again = build_feature_cache(setup["pair"].target_dir, load_sequences(setup["data"]), cache.dir, LAYER_IDS,
@@ -159,6 +160,68 @@ def test_loss_terms():
                         rel_tol=1e-6)
 
 
+def test_loss_over_a_hot_vocabulary_is_the_served_draft_s():
+    """Narrow logits + the target's log-normaliser give the L1 / acceptance of the draft as served (-inf outside H)
+    against the whole target distribution; CE only where the data token is hot; H = everything is the plain loss."""
+    torch.manual_seed(1)
+    v, hot = 11, torch.tensor([7, 0, 3, 9, 4, 1])
+    logits, target = torch.randn(3, 4, v), torch.randn(3, 4, v) * 2
+    labels = torch.tensor([[7, 2, 3, 9], [0, 1, 5, 4], [3, 3, 3, 3]])
+    valid = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    index = torch.full((v,), -1, dtype=torch.long)
+    index[hot] = torch.arange(hot.numel())
+    lse = torch.logsumexp(target, dim=-1)
+    narrow = dspark_loss(logits[..., hot], target[..., hot], index[labels], torch.zeros(3, 4), valid, target_lse=lse)
+    served = torch.full_like(logits, float("-inf"))
+    served[..., hot] = logits[..., hot]
+    l1 = (torch.softmax(served, -1) - torch.softmax(target, -1)).abs().sum(-1)
+    w = torch.exp(-torch.arange(4) / 4.0) * valid
+    assert math.isclose(narrow.l1.item(), float((w * l1).sum() / w.sum()), rel_tol=1e-5)
+    accept = (1 - 0.5 * l1) * valid
+    torch.testing.assert_close(narrow.stats["accept_sum"], accept.sum(0), rtol=1e-5, atol=1e-6)
+    in_hot = valid & (index[labels] >= 0)
+    ce = torch.nn.functional.cross_entropy(served.reshape(-1, v), torch.where(in_hot, labels, 7).reshape(-1),
+                                           reduction="none").view(3, 4)
+    assert math.isclose(narrow.ce.item(), float((w * torch.where(in_hot, ce, 0.0)).sum() / w.sum()), rel_tol=1e-5)
+    everything = torch.randperm(v)
+    index[everything] = torch.arange(v)
+    whole = dspark_loss(logits, target, labels, torch.zeros(3, 4), valid)
+    same = dspark_loss(logits[..., everything], target[..., everything], index[labels], torch.zeros(3, 4), valid,
+                       target_lse=lse)
+    for part in ("total", "ce", "l1", "conf"):
+        assert math.isclose(getattr(same, part).item(), getattr(whole, part).item(), rel_tol=1e-5), part
+
+
+def test_training_over_a_hot_vocabulary(setup):
+    """A hot set holding every token trains exactly like the whole vocabulary (same loss, same gradients); a strict
+    subset leaves the Markov rows of cold tokens untouched, and the model drafts only hot tokens."""
+    cache = setup["cache"]
+    mb = pack([(cache[5], sample_anchors(cache[5].loss_mask, 16, torch.Generator().manual_seed(1)))], 7)
+    cfg = train_cfg("unused", head_chunk=4)
+    v = setup["dcfg"]["vocab_size"]
+    runs = []
+    for hot in (None, torch.randperm(v, generator=torch.Generator().manual_seed(2))):
+        m = fresh_model(setup, seed=5)
+        m.set_hot_vocab(hot)
+        loss = micro_backward(m, mb, cfg, denom=10.0)[0]["loss"]
+        runs.append((loss, {n: p.grad.clone() for n, p in m.named_parameters() if p.requires_grad}))
+    (l0, g0), (l1, g1) = runs
+    assert math.isclose(l0, l1, rel_tol=1e-5)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-4, atol=1e-6, msg=n)
+    hot = torch.unique(torch.cat([mb.labels.flatten(), torch.arange(0, v, 3)]))[: v // 2]
+    m = fresh_model(setup, seed=5)
+    m.set_hot_vocab(hot)
+    micro_backward(m, mb, cfg, denom=10.0)
+    cold = torch.ones(v, dtype=torch.bool)
+    cold[hot] = False
+    w2_grad = m.markov_head.markov_w2.weight.grad
+    assert bool((w2_grad[cold] == 0).all()) and bool((w2_grad[hot] != 0).any())
+    with torch.no_grad():
+        drafted = m.eval().draft_many(mb.input_ids, mb.aux, mb.position_ids, mb.seq_start, mb.anchor_index)
+    assert bool(torch.isin(drafted.tokens, hot).all())
+
+
 # ------------------------------------------------------------------------------------------- training
 
 
@@ -193,6 +256,47 @@ def test_chunked_heads_give_the_same_gradient(setup):
     assert set(g0) == set(g1)
     for n in g0:
         torch.testing.assert_close(g1[n], g0[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_bf16_autocast_follows_the_fp32_gradient(setup):
+    """precision=bf16 runs the draft's forward in bf16 (weights, loss and targets fp32): same loss to ~1 %, a
+    gradient pointing the same way (cosine > 0.99), master weights still fp32."""
+    cache = setup["cache"]
+    mb = pack([(cache[5], sample_anchors(cache[5].loss_mask, 16, torch.Generator().manual_seed(1)))], 7)
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        m = fresh_model(setup, seed=5)
+        loss = micro_backward(m, mb, train_cfg("unused", precision=precision), denom=10.0)[0]["loss"]
+        grad = torch.cat([p.grad.flatten() for p in m.parameters() if p.requires_grad])
+        runs[precision] = (loss, grad)
+        assert all(p.dtype == torch.float32 for p in m.parameters())
+    (l32, g32), (l16, g16) = runs["fp32"], runs["bf16"]
+    assert math.isclose(l16, l32, rel_tol=0.01), (l16, l32)
+    assert float(torch.nn.functional.cosine_similarity(g16, g32, dim=0)) > 0.99
+    with pytest.raises(ValueError, match="precision"):
+        micro_backward(fresh_model(setup), mb, train_cfg("unused", precision="fp8"), denom=10.0)
+
+
+def test_a_wall_time_bound_stops_with_a_checkpoint_and_resumes(setup, tmp_path):
+    cfg = train_cfg(tmp_path / "run", steps=5, save_every=0)
+    first = Trainer(fresh_model(setup), setup["cache"], cfg)
+    assert len(first.train(stop_after_seconds=0.0)) == 1  # the first step is past a zero budget
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*.pt")] == ["step_00000001.pt"]
+    later = Trainer(fresh_model(setup), setup["cache"], cfg)
+    assert [h["step"] for h in later.train(resume=True)] == [1, 2, 3, 4, 5]
+    assert later.train_seconds > first.train_seconds > 0
+
+
+def test_loss_on_prompts_anchors_in_prompts_too(setup, tmp_path):
+    """By default anchors sit in answers only (loss_mask); with loss_on_prompts every position can be one."""
+    cache = setup["cache"]
+    for flag in (False, True):
+        trainer = Trainer(fresh_model(setup), cache, train_cfg(tmp_path / str(flag), num_anchors=1000,
+                                                                 loss_on_prompts=flag))
+        anchors = torch.cat([mb.anchor_index - mb.seq_start[mb.anchor_index]
+                             for mb in trainer._micro_batches(list(range(len(cache))))])
+        prompt_len = min(int(torch.nonzero(cache[i].loss_mask)[0]) for i in range(len(cache)))
+        assert bool((anchors < prompt_len).any()) == flag
 
 
 def test_resume_is_bitwise_identical(setup, tmp_path):
@@ -312,6 +416,57 @@ def test_cli_train_resume_calibrate(setup, tmp_path):
          "--anchors-per-seq", "8"], capture_output=True, text=True, env=env, timeout=120)
     assert cal.returncode == 0, cal.stderr[-3000:]
     assert len(json.loads((tmp_path / "sts.json").read_text())["temperatures"]) == 7
+
+
+def test_cli_warm_start_over_a_hot_vocabulary_and_evaluate(setup, exported, tmp_path):
+    """--init-from a trained draft (another block size), --hot-vocab: the export ships the hot set and the new block
+    size, step 0's loss is the warm draft's (not a fresh one's), and `evaluate` replays it as served."""
+    from sglang_dspark.draft.hot_vocab import HOT_VOCAB_FILE, build_hot_vocab
+    from collections import Counter
+
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
+    pair = setup["pair"]
+    _, _, slim = exported
+    counts = Counter(int(t) for i in range(len(setup["cache"])) for t in setup["cache"][i].input_ids)
+    hot = build_hot_vocab(counts, 40, setup["dcfg"]["vocab_size"])
+    (tmp_path / HOT_VOCAB_FILE).write_text(json.dumps(hot.to_json()))
+    run = lambda args: subprocess.run([sys.executable, "-m", "sglang_dspark.training", *args],  # noqa: E731
+                                      capture_output=True, text=True, env=env, timeout=180)
+    common = ["--target", str(pair.target_dir), "--data", str(setup["data"]), "--steps", "2", "--batch-size", "3",
+              "--num-anchors", "8", "--threads", "1", "--save-every", "0", "--log-every", "1", "--quiet",
+              "--omit-shared", "--feature-dtype", "float32"]
+    warm = run(["train", *common, "--out", str(tmp_path / "warm"), "--init-from", str(slim), "--block-size", "4",
+                "--hot-vocab", str(tmp_path / HOT_VOCAB_FILE), "--save-every", "1", "--keep-checkpoints", "5"])
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    draft = Path(warm.stdout.split()[-1])
+    assert json.loads((draft / "config.json").read_text())["block_size"] == 4
+    assert json.loads((draft / HOT_VOCAB_FILE).read_text())["token_ids"] == hot.token_ids.tolist()
+    cold = run(["train", *common, "--out", str(tmp_path / "cold"), "--target-layer-ids", "0,1,2",
+                "--markov-rank", "32", "--block-size", "4", "--hot-vocab", str(tmp_path / HOT_VOCAB_FILE)])
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    first = lambda name: json.loads((tmp_path / name / "train_log.jsonl").read_text().splitlines()[0])  # noqa: E731
+    assert first("warm")["loss"] < first("cold")["loss"]  # the exported draft had 8 steps of training
+    ev = run(["evaluate", "--draft", str(draft), str(draft), "--cache-dir", str(tmp_path / "warm" / "features"),
+              "--threads", "1", "--quiet", "--anchors-per-seq", "8"])
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    rows = [json.loads(x) for x in ev.stdout.splitlines()]
+    assert len(rows) == 2 and rows[0]["hot_vocab"] == 40 and rows[0]["block_size"] == 4
+    assert 1.0 <= rows[0]["tau"] <= 5.0 and len(rows[0]["p_accept_ge"]) == 4
+    assert rows[0]["p_accept_ge"] == sorted(rows[0]["p_accept_ge"], reverse=True)
+    # every checkpoint of the run, once, over the run's hot set; then the curve of loss and held-out tau
+    cache = ["--cache-dir", str(tmp_path / "warm" / "features"), "--threads", "1", "--quiet", "--anchors-per-seq", "8"]
+    curve_rows = run(["evaluate", "--run", str(tmp_path / "warm"), *cache])
+    assert curve_rows.returncode == 0, curve_rows.stderr[-3000:]
+    logged = [json.loads(x) for x in (tmp_path / "warm" / "evaluations.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [1, 2] and all(r["hot_vocab"] == 40 for r in logged)
+    assert 0 < logged[0]["train_seconds"] < logged[1]["train_seconds"]
+    again = run(["evaluate", "--run", str(tmp_path / "warm"), *cache])
+    assert again.returncode != 0 and "nothing to evaluate" in again.stderr
+    png = run(["curve", "--run", str(tmp_path / "warm"), "--out", str(tmp_path / "curve.png")])
+    assert png.returncode == 0, png.stderr[-3000:]
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = run(["train", *common, "--out", str(tmp_path / "bad"), "--hot-vocab", str(tmp_path)  + "/nothing"])
+    assert bad.returncode != 0 and "--hot-vocab" in bad.stderr
 
 
 # ------------------------------------------------------------------------------------------- STS

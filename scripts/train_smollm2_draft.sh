@@ -15,6 +15,13 @@
 #   4. calibrate: STS temperatures on the calibration answers
 #   5. export:    bf16, without the embedding / LM head copies (SGLang takes the target's), + dspark_sts.json
 #   6. hot vocab: the 8 192 most frequent tokens of the target's answers (dspark_hot_vocab.json, FR-Spec)
+# Stage 2 (the shipped draft since 2026-12-01; WORK_DIR/stage2):
+#   7. prompts:   48 inputs per BIG-bench training task (same split); answers at T = 0.7 for as long as
+#                 STAGE2_GEN_MINUTES allows (the shipped run stopped at 1 411 answers, ~28 min); STS calibration set =
+#                 the last 200 training prompts + 120 built-in chat prompts (the load test's kind; not the 120 held out)
+#   8. train:     warm start from stage 1 over its hot vocabulary (exact FR-Spec loss: train --hot-vocab), 600 steps,
+#                 peak lr 3e-4
+#   9. calibrate: STS on that mix; export to WORK_DIR/stage2/draft
 set -euo pipefail
 WORK=${1:?usage: scripts/train_smollm2_draft.sh WORK_DIR [STEPS]}
 STEPS=${2:-1100}
@@ -40,4 +47,32 @@ $T calibrate --draft "$WORK/draft" --target "$TARGET" --data "$WORK/calib_answer
     --cache-dir "$WORK/calib_features" --out "$WORK/draft/dspark_sts.json" --threads 2
 "$PY" -m sglang_dspark.draft.hot_vocab build --answers "$WORK/train_answers.jsonl" --tokenizer "$TARGET" \
     --size 8192 --out "$WORK/draft"
-echo "draft: $WORK/draft  (copy it to sglang_dspark/embedded/smollm2_draft to ship it)"
+
+# ------------------------------------------------------------------------------------------------ stage 2
+S2="$WORK/stage2"
+mkdir -p "$S2"
+$T prompts --bigbench "$WORK/bigbench-1.0.0.tar.gz" --out-dir "$S2" --per-task 48
+NTRAIN2=$(wc -l < "$S2/train_prompts.jsonl")
+"$PY" - "$S2/chat_calib_prompts.jsonl" <<'PY'
+import json, sys
+from sglang_dspark.loadtest.prompts import builtin_prompts
+with open(sys.argv[1], "w", encoding="utf-8") as f:
+    for i, text in enumerate(builtin_prompts(seed=1)[120:240]):  # [0:120] are the held-out chat prompts
+        f.write(json.dumps({"task": "builtin_chat", "index": 120 + i, "text": text}) + "\n")
+PY
+$T generate --target "$TARGET" --prompts "$S2/train_prompts.jsonl" --skip $((NTRAIN2 - 200)) \
+    --out "$S2/calib_answers.jsonl" --concurrency 48
+$T generate --target "$TARGET" --prompts "$S2/chat_calib_prompts.jsonl" --out "$S2/chat_calib_answers.jsonl" \
+    --concurrency 60
+cat "$S2/calib_answers.jsonl" "$S2/chat_calib_answers.jsonl" > "$S2/calib_mix_answers.jsonl"
+$T generate --target "$TARGET" --prompts "$S2/train_prompts.jsonl" --limit $((NTRAIN2 - 200)) \
+    --out "$S2/train_answers.jsonl" --concurrency 48 --deadline-minutes "${STAGE2_GEN_MINUTES:-28}"
+$T train --target "$TARGET" --data "$S2/train_answers.jsonl" --out "$S2/run" --init-from "$WORK/draft" \
+    --hot-vocab "$WORK/draft" --block-size 7 --max-length 1024 --steps 600 --batch-size 8 --num-anchors 64 \
+    --micro-tokens 512 --lr 3e-4 --warmup-ratio 0.03 --min-lr-ratio 0.1 --save-every 25 --keep-checkpoints 100 \
+    --log-every 5 --threads 2 --omit-shared --export-dir "$S2/draft" --resume
+$T calibrate --draft "$S2/draft" --target "$TARGET" --data "$S2/calib_mix_answers.jsonl" \
+    --cache-dir "$S2/calib_features" --out "$S2/draft/dspark_sts.json" --threads 2
+cp "$WORK/draft/dspark_hot_vocab.json" "$S2/draft/"
+echo "draft: $S2/draft  (copy config.json, model.safetensors, dspark_sts.json and dspark_hot_vocab.json to"
+echo "       sglang_dspark/embedded/smollm2_draft to ship it)"

@@ -257,6 +257,8 @@ class Trainer:
         if not self.indices:
             raise ValueError("no training sequences")
         model.to(cfg.device)
+        if model.hot_ids is not None:  # a plain attribute, not a buffer: follow the weights to their device
+            model.set_hot_vocab(model.hot_ids)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(

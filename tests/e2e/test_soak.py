@@ -36,7 +36,11 @@ RSS_DRIFT_LIMIT = 0.05
 def soak(tiny_pair, launch):
     with launch(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), max_total_tokens=MAX_TOTAL_TOKENS,
                 timeout=900) as server:
-        report = run_soak(server.url, server.process.pid, CONFIG)
+        try:
+            report = run_soak(server.url, server.process.pid, CONFIG)
+        except Exception:  # the server died mid-soak: its log is the only account of why
+            print(server.log_text()[-20000:])
+            raise
         for line in report.lines():
             print(line)
         report.server_log = server.log_text()

@@ -27,8 +27,12 @@ What this module installs (``install()``, HookRegistry):
    token committed since, in order, one step per token (``cumulate_committed_tokens``), so the state equals what a
    non-speculative decode of the same output has (``cumulate_output_tokens`` once per token).
 3. ``Scheduler.is_disable_overlap_for_batch`` (AROUND): such a batch runs after the previous result is processed,
-   so ``req.output_ids`` holds every committed token when (2) reads it (GPU overlap only; the CPU runs DSPARK
-   without overlap).
+   so ``req.output_ids`` holds every committed token when (2) reads it. Only when a result is queued: the overlap
+   loop answers True with ``result_queue.popleft()`` unchecked (scheduler.py ``event_loop_overlap`` ~2068-2097),
+   and the queue is empty after an iteration that ran no batch (``update_running_batch`` returns None when the KV
+   pool is full and a request finishes in flight, scheduler.py ~4466-4471): True there raised ``IndexError`` and
+   killed the server. An empty queue means ``output_ids`` is already current. (DSPARK runs overlapped on the CPU
+   too: SGLang disables overlap on a CPU for EAGLE and NGRAM only.)
 4. ``SamplingBatchInfo.copy_for_forward`` (AROUND): the forward copy carries the penalizer tensors
    (``_dspark_penalty_state``), which the orchestrator-less copy otherwise loses.
 5. ``TargetVerifyExecutor.run_non_compact`` / ``run_compact`` (AROUND): with penalties, run upstream's verify
@@ -153,8 +157,11 @@ def run_batch_feeding_penalties(original, self, batch, *args, **kwargs):
 
 def disable_overlap_for_penalised_dspark(original, self, batch, *args, **kwargs):
     """AROUND Scheduler.is_disable_overlap_for_batch: under overlap, req.output_ids lags one step; process the
-    previous result first so the feed in run_batch sees every committed token."""
-    return original(self, batch, *args, **kwargs) or _is_penalised_dspark_decode(batch)
+    previous result first so the feed in run_batch sees every committed token. With no result queued there is
+    nothing to process (and SGLang's loop would pop an empty queue): upstream's own grammar sync checks the same."""
+    if original(self, batch, *args, **kwargs):
+        return True
+    return _is_penalised_dspark_decode(batch) and len(getattr(self, "result_queue", ())) > 0
 
 
 def copy_for_forward_with_penalty_state(original, self, *args, **kwargs):

@@ -159,3 +159,34 @@ def test_hooks_pass_through_without_penalties():
     assert calls == [plain]
     assert spec_penalties.adjustments_noop_unless_penalised(lambda info: "upstream", plain) == "upstream"
     assert spec_penalties.adjustments_noop_unless_penalised(lambda info: True, _penalised_sampling_info(1)) is False
+
+
+def _penalised_dspark_decode_batch():
+    algorithm = types.SimpleNamespace(is_dspark=lambda: True, is_none=lambda: False)
+    mode = types.SimpleNamespace(is_decode=lambda: True, is_extend=lambda: False)
+    orchestrator = types.SimpleNamespace(is_required=True)
+    return types.SimpleNamespace(spec_algorithm=algorithm, forward_mode=mode, grammar_needs_sync=lambda: False,
+                                 sampling_info=types.SimpleNamespace(penalizer_orchestrator=orchestrator))
+
+
+@pytest.mark.parametrize("queued", [0, 1])
+def test_overlap_disabled_for_a_penalised_decode_only_when_a_result_is_queued(queued):
+    """SGLang's overlap loop answers True with ``result_queue.popleft()``, unchecked. The queue is empty after an
+    iteration that ran no batch (KV pool full while a request finishes in flight): True there raised IndexError in
+    the scheduler and killed the server (seen once in the soak). Runs SGLang's own method as the hook's original."""
+    from collections import deque
+
+    from sglang.srt.managers.scheduler import Scheduler
+
+    scheduler = types.SimpleNamespace(require_mlp_sync=False, result_queue=deque([("batch", "result")] * queued))
+    batch = _penalised_dspark_decode_batch()
+    disable = spec_penalties.disable_overlap_for_penalised_dspark(
+        Scheduler.is_disable_overlap_for_batch, scheduler, batch, last_batch=None
+    )
+    assert disable is bool(queued)
+    if disable:
+        scheduler.result_queue.popleft()  # what the loop does next: it must have something to pop
+    plain = types.SimpleNamespace(**{**vars(batch), "sampling_info": types.SimpleNamespace(penalizer_orchestrator=None)})
+    assert spec_penalties.disable_overlap_for_penalised_dspark(
+        Scheduler.is_disable_overlap_for_batch, scheduler, plain, last_batch=None
+    ) is False

@@ -7,8 +7,11 @@ expensive than they are, so the scheduler admits too few. We learn it while serv
 
     step_seconds(R, B) = verify_seconds(R, B)  [profiled table]  +  overhead(R)  [measured here]
 
-``overhead(R)`` is an exponential moving average of (measured step − profiled verify) per power-of-two bucket of R,
-bounded (never negative, each update moves at most ``max_step_fraction`` of the step), and logged periodically.
+``overhead(R)`` is, per power-of-two bucket of R, the median of (measured step − profiled verify) over the bucket's
+first 1/rate steps, then an exponential moving average of it, each update moving at most ``max_step_fraction`` of
+the step the bucket is expected to take; logged periodically. The median start matters: one stalled step (a page fault, another process on the
+cores) as a bucket's first sample would otherwise take tens of thousands of bounded updates to wash out, and the
+draft gate would read a drafted (or skipped) step as far dearer than it is all that time.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class StepOverhead:
         self._clock = clock
         self._seconds: dict[int, float] = {}
         self._samples: dict[int, int] = {}
+        self._first: dict[int, list[float]] = {}  # a bucket's first 1/rate samples, while its median is the estimate
         self.updates = 0
         self._last_log = clock()
 
@@ -59,15 +63,21 @@ class StepOverhead:
         if not self.signed:
             sample = max(0.0, sample)
         bucket = _bucket(num_requests)
-        current = self._seconds.get(bucket)
-        if current is None:
-            self._seconds[bucket] = sample
+        first = self._first.get(bucket)
+        if bucket not in self._seconds or first is not None and len(first) < math.ceil(1.0 / self.rate):
+            # The lower median of the first samples: one stalled step among them does not move it.
+            first = self._first.setdefault(bucket, [])
+            first.append(sample)
+            self._seconds[bucket] = sorted(first)[(len(first) - 1) // 2]
         else:
-            limit = self.max_step_fraction * measured_seconds  # one stalled step cannot swing the estimate
-            # A running mean over the first 1/rate samples, then the moving average: the first step measured in a
-            # bucket (often after a prefill or a batch change) does not dominate the estimate for long.
-            rate = max(self.rate, 1.0 / (self._samples.get(bucket, 1) + 1))
-            self._seconds[bucket] = current + max(-limit, min(limit, rate * (sample - current)))
+            self._first.pop(bucket, None)
+            current = self._seconds[bucket]
+            # Bounded by the step this bucket is expected to take, not by the measured one: a stalled step (600 s
+            # against 30 ms) moves the estimate by a quarter of 30 ms, where a bound on the measured step let it
+            # add 60 s that took ~20 000 steps to wash out; a real shift still converges, the bound growing with it.
+            expected = max(max(0.0, verify_seconds) + current, 1e-6)
+            limit = self.max_step_fraction * expected
+            self._seconds[bucket] = current + max(-limit, min(limit, self.rate * (sample - current)))
         self._samples[bucket] = self._samples.get(bucket, 0) + 1
         self.updates += 1
         now = self._clock()

@@ -192,7 +192,11 @@ class AdmissionStats:
         positions = torch.arange(1, gamma + 1)  # draft position j, 1-based
         verified = positions[None, :] <= admitted[:, None]
         survived = positions[None, :] <= accepted[:, None]
-        return survival[verified], survived[verified].to(torch.float32)
+        predictions, labels = survival[verified], survived[verified].to(torch.float32)
+        # A NaN confidence (an unwritten draft buffer) has no bin: it would reach bincount as INT64_MIN and raise
+        # in the scheduler. Such a pair says nothing about calibration; drop it.
+        finite = torch.isfinite(predictions)
+        return predictions[finite], labels[finite]
 
     def _push_calibration(self, predictions: torch.Tensor, labels: torch.Tensor) -> None:
         bins = (predictions.to(torch.float64).clamp(0.0, 1.0) * ECE_BINS).floor().to(torch.long).clamp(max=ECE_BINS - 1)

@@ -364,3 +364,14 @@ def test_scheduler_metrics_collector_still_exposes_its_labels():
     # attach_metrics_exporter copies SGLang's scheduler labels so our series line up with sglang:* ones.
     source = _sglang_source("srt/observability/metrics_collector.py")
     assert "self.labels = labels" in source
+
+
+def test_a_nan_confidence_is_left_out_of_calibration_not_raised():
+    """A NaN survival at a verified position once reached torch.bincount as INT64_MIN (RuntimeError in the
+    scheduler's observe_step, which only expects ValueError)."""
+    stats = AdmissionStats()
+    stats.record_step(verify_lens=[4], accepted_drafts=[1], survival=torch.tensor([[0.9, float("nan"), 0.3]]),
+                      step_seconds=None)
+    summary = stats.summary()
+    assert summary["ece_window"] == 2  # (.9, 1) and (.3, 0); the NaN pair is dropped
+    assert summary["mean_predicted_survival"] == pytest.approx(0.6, abs=1e-6)

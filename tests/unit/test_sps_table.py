@@ -584,3 +584,26 @@ def test_signed_overhead_corrects_a_table_that_reads_too_slow():
     unsigned = StepOverhead()
     unsigned.observe(1, measured_seconds=0.111, verify_seconds=0.187)
     assert unsigned.seconds(1) == 0.0  # the admission default keeps its clamp
+
+
+def test_step_overhead_a_stalled_first_step_does_not_stick():
+    """A bucket's first measured step stalled (600 s against 30 ms steps): the median start drops it on the next
+    step, where a mean or a bounded moving average from it would read seconds for thousands of steps."""
+    from sglang_dspark.profiler.step_overhead import StepOverhead
+
+    overhead = StepOverhead()  # rate 0.1: the median of the first 10 samples, then the moving average
+    overhead.observe(1, 600.0, 0.010)
+    assert overhead.seconds(1) > 500  # one sample: all there is
+    overhead.observe(1, 0.030, 0.010)
+    assert abs(overhead.seconds(1) - 0.020) < 1e-9
+    for _ in range(10):
+        overhead.observe(1, 0.030, 0.010)
+    for i in range(200):  # a stall now and then after the start moves it by a quarter of the expected step
+        overhead.observe(1, 600.0 if i % 50 == 49 else 0.030, 0.010)
+        assert overhead.seconds(1) < 0.030  # 20 ms + at most a quarter of a ~30 ms step
+    for _ in range(40):
+        overhead.observe(1, 0.030, 0.010)
+    assert abs(overhead.seconds(1) - 0.020) < 0.001
+    for _ in range(60):  # a real shift (steps 10x dearer from now on) is followed within tens of steps
+        overhead.observe(1, 0.300, 0.010)
+    assert abs(overhead.seconds(1) - 0.290) < 0.01

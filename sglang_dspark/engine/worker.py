@@ -109,7 +109,12 @@ class DSparkWorker(DSparkWorkerV2):
         from sglang_dspark.draft.hot_vocab import load_hot_vocab
         from sglang_dspark.patches.hot_vocab import attach_hot_vocab
 
-        draft_path = getattr(self.server_args, "speculative_draft_model_path", None)
+        from sglang.srt.runtime_context import get_spec
+
+        # The resolved path, as upstream's draft config reads it (dspark_config.py): a draft chosen at argument
+        # resolution (the embedded target's shipped draft) is a declared resolution, and the raw
+        # ``server_args.speculative_draft_model_path`` stays None, which left the default pair without its hot set.
+        draft_path = get_spec().speculative_draft_model_path
         if envs.HOT_VOCAB.get() == "off" or not draft_path or not Path(draft_path).is_dir():
             return
         lm_head = getattr(self.draft_model, "lm_head", None)

@@ -84,7 +84,10 @@ def test_dspark_alone_uses_the_shipped_draft_and_matches_no_spec(pair, prompts, 
         while verified_a_draft < MIN_VERIFIED_DRAFTS and (prompt := next(extra, None)) is not None:
             server.generate(prompt, dict(PARAMS))
             verified_a_draft, accepted_a_draft = first_draft_counts(server)
+        log = server.log_text()
     assert info["speculative_draft_model_path"] == str(draft)
+    # The shipped hot set is attached though no draft path was passed (it once read the unresolved argument, None).
+    assert "hot vocabulary: the draft's logits over 8192 of 49152 tokens" in log
     assert info["speculative_dspark_confidence_sts_path"] == str(draft / "dspark_sts.json")
     assert [r["output_ids"] for r in results] == reference
     assert sum(r["meta_info"]["spec_verify_ct"] for r in results) > 0

@@ -144,6 +144,26 @@ def test_assign_req_to_token_pool_and_extend_cache_locs(gen):
         sk.assign_extend_cache_locs_cpu(rpi, req_to_token, start, end, out, pool_len + 1)
 
 
+def test_ragged_positions_host_and_tensor_builds_agree(gen):
+    """Small batches build the spans as Python lists, large ones with tensor ops: the same positions, negative and
+    empty spans included."""
+    from sglang_dspark.cpu.sgl_kernel_standin import kv_cache_ops
+
+    for bs in (1, 4, kv_cache_ops._HOST_BUILD_MAX_REQUESTS, kv_cache_ops._HOST_BUILD_MAX_REQUESTS + 5):
+        rpi = torch.randperm(200, generator=gen)[:bs]
+        start = torch.randint(0, 40, (bs,), generator=gen)
+        end = start + torch.randint(-3, 9, (bs,), generator=gen)
+        want = kv_cache_ops._ragged_positions_on_host(rpi, start, end)
+        limit = kv_cache_ops._HOST_BUILD_MAX_REQUESTS
+        try:
+            kv_cache_ops._HOST_BUILD_MAX_REQUESTS = -1  # force the tensor build
+            got = kv_cache_ops._ragged_positions(rpi, start, end)
+        finally:
+            kv_cache_ops._HOST_BUILD_MAX_REQUESTS = limit
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] == want[2], bs
+        assert want[2] == int((end - start).clamp_min(0).sum())
+
+
 def test_assign_draft_cache_locs_contiguous(gen):
     req_to_token = torch.randint(0, 500, (5, 40), generator=gen, dtype=torch.int32)
     rpi = torch.tensor([3, 0, 4])

@@ -93,6 +93,8 @@ def _ragged_positions(
     Request i's span lands at flat output offset sum_{j<i}(end[j] - start[j]), as in SGLang's Triton
     kernels; a negative span copies nothing.
     """
+    if req_pool_indices.numel() <= _HOST_BUILD_MAX_REQUESTS:
+        return _ragged_positions_on_host(req_pool_indices, start_offset, end_offset)
     starts = start_offset.reshape(-1).to(torch.int64)
     ends = end_offset.reshape(-1).to(torch.int64)
     lens = (ends - starts).clamp_min(0)
@@ -105,6 +107,27 @@ def _ragged_positions(
     within = torch.arange(total, device=starts.device) - first.repeat_interleave(lens)
     cols = starts.repeat_interleave(lens) + within
     return rows, cols, total
+
+
+# Up to this many requests the spans are built as Python lists: these are CPU tensors, and four tensor ops
+# (repeat_interleave with tensor repeats, cumsum, arange) cost ~4x the list build at serving batch sizes; the op runs
+# a few times per decode step.
+_HOST_BUILD_MAX_REQUESTS = 64
+
+
+def _ragged_positions_on_host(
+    req_pool_indices: torch.Tensor, start_offset: torch.Tensor, end_offset: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    rows: list = []
+    cols: list = []
+    for row, start, end in zip(req_pool_indices.reshape(-1).tolist(), start_offset.reshape(-1).tolist(),
+                               end_offset.reshape(-1).tolist()):
+        if end > start:
+            rows.extend([row] * (end - start))
+            cols.extend(range(start, end))
+    device = start_offset.device
+    return (torch.tensor(rows, dtype=torch.int64, device=device), torch.tensor(cols, dtype=torch.int64, device=device),
+            len(rows))
 
 
 def _check_pool_len(req_to_token: torch.Tensor, pool_len: int) -> None:

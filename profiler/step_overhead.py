@@ -9,9 +9,9 @@ expensive than they are, so the scheduler admits too few. We learn it while serv
 
 ``overhead(R)`` is, per power-of-two bucket of R, the median of (measured step − profiled verify) over the bucket's
 first 1/rate steps, then an exponential moving average of it, each update moving at most ``max_step_fraction`` of
-the step the bucket is expected to take; logged periodically. The median start matters: one stalled step (a page fault, another process on the
-cores) as a bucket's first sample would otherwise take tens of thousands of bounded updates to wash out, and the
-draft gate would read a drafted (or skipped) step as far dearer than it is all that time.
+the step the bucket is expected to take; logged periodically. The median start matters: one stalled step (a page
+fault, another process on the cores) as a bucket's first sample would otherwise take tens of thousands of bounded
+updates to wash out, and the draft gate would read a drafted (or skipped) step as far dearer than it is all along.
 """
 
 from __future__ import annotations

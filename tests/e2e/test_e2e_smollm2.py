@@ -119,14 +119,28 @@ def test_drafting_after_plain_decode_steps_sees_the_full_context(pair, prompts, 
     draft's context is missing (measured on these prompts: both paths 0.397; with the injection removed from the
     decode path, 0.261, and this test fails)."""
     target, _ = pair
+    # How many request-steps verify a draft depends on the admission's cost model, i.e. on this machine's step times
+    # (a CI run once got 36 of the 60 needed from the 8 prompts). So, as in the first test, the first run sends more
+    # held-out prompts until the sample is big enough (the stopping rule counts trials, never successes), and the
+    # second run sends exactly the same prompts, so that both rates and the greedy ids compare like with like.
+    candidates = list(prompts) + held_out_prompts(pair, NUM_PROMPTS, NUM_PROMPTS + MAX_EXTRA_PROMPTS)
     rates = {}
+    used = None
     for plain_step in ("decode", "verify"):
         env = {"SGLANG_DSPARK_DRAFT_GATE": "alternate", "SGLANG_DSPARK_PLAIN_STEP": plain_step}
         with launch(target, ["--speculative-algorithm", "DSPARK"], env=env, max_total_tokens=8192) as server:
-            ids = [server.generate(p, dict(PARAMS))["output_ids"] for p in prompts]
+            ids = []
+            for prompt in candidates[:used]:
+                if used is None and len(ids) >= NUM_PROMPTS and first_draft_counts(server)[0] >= MIN_VERIFIED_DRAFTS:
+                    break
+                ids.append(server.generate(prompt, dict(PARAMS))["output_ids"])
+            used = len(ids)
             verified, accepted = first_draft_counts(server)
             gate = server.get("/server_info").json()["internal_states"][0]["dspark_admission"]["draft_gate"]
-        assert verified >= MIN_VERIFIED_DRAFTS
+        # The second run cannot add prompts (the ids must compare); its admission may verify fewer drafts on the same
+        # ones, so it needs half the floor. The check below is one-sided, and a missing injection costs ~0.14.
+        assert verified >= (MIN_VERIFIED_DRAFTS if plain_step == "decode" else MIN_VERIFIED_DRAFTS // 2), (
+            plain_step, verified, used)
         assert gate["plain_decode_steps"] > 0 if plain_step == "decode" else gate["plain_decode_steps"] == 0
         rates[plain_step] = (accepted / verified, ids)
     assert rates["decode"][1] == rates["verify"][1]  # greedy ids do not depend on how a skipped step runs

@@ -93,6 +93,12 @@ CPU_MARKOV_STEP = Switch(
     "torch step (Philox noise on every row)",
     ("ours", "upstream"),
 )
+CPU_LINEAR = Switch(
+    "SGLANG_DSPARK_CPU_LINEAR", "packed",
+    "on the CPU, packed (default): unquantized linear layers and the LM head through oneDNN with weights packed once "
+    "(a verify row costs far less than with MKL's GEMM; patches/cpu_packed_linear.py); torch: SGLang's F.linear/matmul",
+    ("packed", "torch"),
+)
 CACHE = Switch(
     "SGLANG_DSPARK_CACHE", None,
     "cache folder for converted models and SPS tables (default ~/.cache/sglang-dspark)",
@@ -104,7 +110,8 @@ STANDIN_TRACE = Switch(
 )
 
 SWITCHES: tuple[Switch, ...] = (
-    ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, HOT_VOCAB, RAGGED_SELF_CHECK, CPU_PLATFORM, CPU_MARKOV_STEP, CACHE, STANDIN_TRACE,
+    ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, HOT_VOCAB, RAGGED_SELF_CHECK, CPU_PLATFORM, CPU_MARKOV_STEP, CPU_LINEAR,
+    CACHE, STANDIN_TRACE,
 )
 
 

@@ -67,6 +67,10 @@ def register() -> None:
         from sglang_dspark.patches import cpu_dspark
 
         cpu_dspark.apply()
+        # Linear layers and the LM head through oneDNN with packed weights, on every server (patches/cpu_packed_linear.py).
+        from sglang_dspark.patches import cpu_packed_linear
+
+        cpu_packed_linear.install()
 
     from sglang_dspark.engine.hooks import register_engine_hooks
 

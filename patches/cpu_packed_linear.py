@@ -1,0 +1,106 @@
+"""On the CPU platform, SGLang's unquantized linear layers and LM head run through oneDNN with packed weights.
+
+Why: ``sglang_dspark/cpu/packed_linear.py`` (MKL's fp32 GEMM makes a verify row cost almost a decode step on a CPU;
+a packed oneDNN linear does not, and is faster at one row too). Every server the plugin loads into on the CPU platform
+takes it, speculative or not, so side-by-side comparisons stay like with like. ``SGLANG_DSPARK_CPU_LINEAR=torch``
+keeps SGLang's own products.
+
+Two AROUND hooks, each falling through to SGLang's code unless its input is the plain case:
+
+* ``UnquantizedLinearMethod.apply``: CPU input of the weight's dtype (fp32/bf16), a 2-D strided weight, the layer not
+  on SGLang's AMX path (our platform never enables it), bias absent or of the same dtype;
+* ``LogitsProcessor._compute_lm_head``: the branch SGLang takes for a plain LM head (``torch.matmul(hidden,
+  weight.T)``): no LoRA wrapper, no quantized head, no fp32 LM-head upcast, no AMX, no RL on-policy bf16 cast.
+
+A packed copy is made on first use and remade when the weight tensor is replaced (pointer, shape or dtype change) or
+after any of SGLang's weight updates (an AFTER hook bumps a generation: in-place ``.data`` copies do not change a
+tensor's version counter, so nothing else would notice them).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang_dspark.cpu.packed_linear import PackedWeight, can_pack, pack_weight, packed_linear, packing_available
+
+logger = logging.getLogger(__name__)
+
+LINEAR_APPLY = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply"
+COMPUTE_LM_HEAD = "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head"
+_WEIGHT_UPDATERS = tuple(
+    f"sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager.{name}"
+    for name in ("update_weights_from_disk", "update_weights_from_distributed", "update_weights_from_tensor",
+                 "update_weights_from_ipc")
+)
+_PACKED_ATTR = "_dspark_packed_weight"
+_installed = False
+_generation = 0
+
+
+def packed_for(module, weight) -> PackedWeight:
+    """The module's packed copy of ``weight``, (re)made when missing or stale."""
+    packed = module.__dict__.get(_PACKED_ATTR)
+    if packed is None or not packed.matches(weight, _generation):
+        packed = pack_weight(weight, _generation)
+        module.__dict__[_PACKED_ATTR] = packed  # not a submodule or buffer: kept out of state_dict and .to()
+    return packed
+
+
+def weights_changed(result, *args, **kwargs):
+    """AFTER a weight update: every packed copy is stale."""
+    global _generation
+    _generation += 1
+    return result
+
+
+def linear_through_packed_weight(original, self, layer, x, bias=None):
+    weight = getattr(layer, "weight", None)
+    if (
+        x.device.type != "cpu"
+        or getattr(layer, "use_intel_amx_backend", False)
+        or not can_pack(weight)
+        or x.dtype != weight.dtype
+        or (bias is not None and bias.dtype != x.dtype)
+    ):
+        return original(self, layer, x, bias)
+    return packed_linear(x, packed_for(layer, weight), bias)
+
+
+def lm_head_through_packed_weight(original, self, hidden_states, lm_head, embedding_bias=None, *, out=None):
+    from sglang.srt.layers import logits_processor
+
+    weight = getattr(lm_head, "weight", None)
+    if (
+        hidden_states.device.type != "cpu"
+        or (hasattr(lm_head, "set_lora") and hasattr(lm_head, "apply_lora"))
+        or logits_processor.should_apply_lm_head_quant_method(lm_head, getattr(lm_head, "quant_method", None))
+        or not can_pack(weight)
+        or self.use_fp32_lm_head
+        or getattr(lm_head, "use_intel_amx_backend", False)
+        or self.rl_on_policy_target is not None
+    ):
+        return original(self, hidden_states, lm_head, embedding_bias, out=out)
+    # SGLang's plain branch casts the hidden states to the weight's dtype and ignores ``out`` and the bias too.
+    return packed_linear(hidden_states.to(weight.dtype), packed_for(lm_head, weight))
+
+
+def install() -> bool:
+    """Register the hooks (once per process); False when this torch has no oneDNN linear or the switch says torch."""
+    global _installed
+    if _installed:
+        return True
+    from sglang_dspark import envs
+
+    if envs.CPU_LINEAR.get() == "torch":
+        return False
+    if not packing_available():
+        logger.info("sglang-dspark CPU platform: this torch has no oneDNN linear; linear layers stay on F.linear")
+        return False
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(LINEAR_APPLY, linear_through_packed_weight, HookType.AROUND)
+    HookRegistry.register(COMPUTE_LM_HEAD, lm_head_through_packed_weight, HookType.AROUND)
+    for target in _WEIGHT_UPDATERS:
+        HookRegistry.register(target, weights_changed, HookType.AFTER)
+    _installed = True
+    return True

@@ -1,0 +1,170 @@
+"""oneDNN packed linear on the CPU (sglang_dspark/cpu/packed_linear.py) and its SGLang hooks (patches/cpu_packed_linear.py).
+
+* parity with ``F.linear`` (fp32 to 1e-4 relative, bf16 to bf16 rounding) for every input shape SGLang passes;
+* each output row depends only on its input row, bit for bit (why a verify row equals the decode row);
+* the hooks take SGLang's real ``UnquantizedLinearMethod.apply`` / ``LogitsProcessor._compute_lm_head`` path only in
+  the plain case, pack once, and re-pack after a weight update or a replaced weight tensor.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang_dspark.cpu.packed_linear import can_pack, pack_weight, packed_linear, packing_available, reference_linear
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN linear")
+
+
+@pytest.mark.parametrize("leading", [(1,), (2,), (8,), (37,), (0,), (2, 3)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_parity_with_f_linear_fp32(leading, with_bias):
+    torch.manual_seed(0)
+    weight = torch.randn(96, 40)
+    bias = torch.randn(96) if with_bias else None
+    x = torch.randn(*leading, 40)
+    got = packed_linear(x, pack_weight(weight), bias)
+    want = reference_linear(x, weight, bias)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_parity_bf16_and_strided_input():
+    torch.manual_seed(1)
+    weight = torch.randn(64, 48)
+    x = torch.randn(5, 96)[:, ::2]  # not contiguous
+    torch.testing.assert_close(packed_linear(x, pack_weight(weight)), F.linear(x, weight), rtol=1e-4, atol=1e-4)
+    wb, xb = weight.bfloat16(), torch.randn(7, 48).bfloat16()
+    got = packed_linear(xb, pack_weight(wb))
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), F.linear(xb.float(), wb.float()), rtol=2e-2, atol=5e-2)
+
+
+def test_a_row_does_not_depend_on_the_other_rows():
+    """A verify forward's row for a token equals the decode forward's row for it, bit for bit, at any M."""
+    torch.manual_seed(2)
+    packed = pack_weight(torch.randn(3072, 576))
+    x = torch.randn(16, 576)
+    alone = packed_linear(x[:1], packed)
+    for rows in (2, 3, 8, 16):
+        assert torch.equal(packed_linear(x[:rows], packed)[:1], alone), rows
+
+
+def test_what_can_be_packed():
+    assert can_pack(torch.randn(4, 3))
+    assert can_pack(torch.randn(4, 3).bfloat16())
+    assert not can_pack(torch.randn(4, 3).half())
+    assert not can_pack(torch.randn(4))
+    assert not can_pack(torch.randn(4, 3, requires_grad=True))
+    assert not can_pack(torch.randint(0, 3, (4, 3)))
+    assert not can_pack(None)
+
+
+# ---------------------------------------------------------------------------------------------- SGLang hooks
+
+unquant = pytest.importorskip("sglang.srt.layers.quantization.unquant")
+from sglang_dspark.patches import cpu_packed_linear  # noqa: E402
+
+
+def test_every_hook_target_resolves():
+    targets = [cpu_packed_linear.LINEAR_APPLY, cpu_packed_linear.COMPUTE_LM_HEAD, *cpu_packed_linear._WEIGHT_UPDATERS]
+    for target in targets:
+        owner, attr = target.rsplit(".", 1)
+        assert callable(getattr(pkgutil.resolve_name(owner), attr)), target
+
+
+def _layer(out=24, inp=16, bias=False):
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.randn(out, inp), requires_grad=False)
+    layer.bias = torch.nn.Parameter(torch.randn(out), requires_grad=False) if bias else None
+    return layer
+
+
+class _Calls:
+    def __init__(self, fn):
+        self.fn, self.count = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.count += 1
+        return self.fn(*args, **kwargs)
+
+
+def test_linear_hook_uses_the_packed_weight_and_repacks_when_it_changes():
+    torch.manual_seed(3)
+    method = unquant.UnquantizedLinearMethod()
+    original = _Calls(unquant.UnquantizedLinearMethod.apply)
+    layer = _layer(bias=True)
+    x = torch.randn(3, 16)
+    got = cpu_packed_linear.linear_through_packed_weight(original, method, layer, x, layer.bias)
+    assert original.count == 0
+    torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-4)
+    first = layer.__dict__[cpu_packed_linear._PACKED_ATTR]
+    cpu_packed_linear.linear_through_packed_weight(original, method, layer, x, layer.bias)
+    assert layer.__dict__[cpu_packed_linear._PACKED_ATTR] is first  # packed once
+
+    # An in-place update through .data (how SGLang's weight loaders write) is invisible to the tensor; the
+    # weight-update hook makes every packed copy stale.
+    with torch.no_grad():
+        layer.weight.data.copy_(torch.randn(24, 16))
+    cpu_packed_linear.weights_changed(None, object())
+    got = cpu_packed_linear.linear_through_packed_weight(original, method, layer, x, layer.bias)
+    torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-4)
+
+    layer.weight = torch.nn.Parameter(torch.randn(24, 16), requires_grad=False)  # a replaced tensor
+    got = cpu_packed_linear.linear_through_packed_weight(original, method, layer, x, layer.bias)
+    torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-4)
+    assert original.count == 0
+
+
+@pytest.mark.parametrize("case", ["dtype mismatch", "bias dtype", "amx layer", "3-D weight"])
+def test_linear_hook_leaves_other_cases_to_sglang(case):
+    method = unquant.UnquantizedLinearMethod()
+    original = _Calls(lambda self, layer, x, bias=None: "sglang")
+    layer = _layer()
+    x, bias = torch.randn(2, 16), None
+    if case == "dtype mismatch":
+        x = x.bfloat16()
+    elif case == "bias dtype":
+        bias = torch.randn(24).bfloat16()
+    elif case == "amx layer":
+        layer.use_intel_amx_backend = True
+    else:
+        layer.weight = torch.nn.Parameter(torch.randn(2, 24, 16), requires_grad=False)
+    assert cpu_packed_linear.linear_through_packed_weight(original, method, layer, x, bias) == "sglang"
+    assert original.count == 1
+
+
+def _logits_processor(**fields):
+    values = {"use_fp32_lm_head": False, "rl_on_policy_target": None}
+    values.update(fields)
+    return types.SimpleNamespace(**values)
+
+
+def test_lm_head_hook_matches_sglangs_plain_branch():
+    torch.manual_seed(4)
+    head = _layer(out=300, inp=16)
+    head.quant_method = unquant.UnquantizedEmbeddingMethod()
+    hidden = torch.randn(5, 16)
+    original = _Calls(lambda *a, **k: "sglang")
+    got = cpu_packed_linear.lm_head_through_packed_weight(original, _logits_processor(), hidden, head)
+    assert original.count == 0
+    torch.testing.assert_close(got, torch.matmul(hidden, head.weight.T), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["fp32 lm head", "rl on-policy", "lora"])
+def test_lm_head_hook_leaves_other_branches_to_sglang(case):
+    head = _layer(out=300, inp=16)
+    processor = _logits_processor()
+    if case == "fp32 lm head":
+        processor.use_fp32_lm_head = True
+    elif case == "rl on-policy":
+        processor.rl_on_policy_target = "fsdp"
+    else:
+        head.set_lora, head.apply_lora = object(), object()
+    original = _Calls(lambda *a, **k: "sglang")
+    assert cpu_packed_linear.lm_head_through_packed_weight(original, processor, torch.randn(2, 16), head) == "sglang"
+    assert original.count == 1

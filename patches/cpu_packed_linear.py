@@ -84,6 +84,11 @@ def lm_head_through_packed_weight(original, self, hidden_states, lm_head, embedd
     return packed_linear(hidden_states.to(weight.dtype), packed_for(lm_head, weight))
 
 
+def installed() -> bool:
+    """Whether this process runs linears through packed weights (the draft's hot rows follow it)."""
+    return _installed
+
+
 def install() -> bool:
     """Register the hooks (once per process); False when this torch has no oneDNN linear or the switch says torch."""
     global _installed

@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from sglang_dspark.cpu.packed_linear import PackedWeight, can_pack, pack_weight
 from sglang_dspark.draft.hot_vocab import HotVocab, hot_logits, hot_markov_bias
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,15 @@ class _HotRows:
     ids: torch.Tensor  # [|H|] int64 on the weights' device
     weight: torch.Tensor  # the hot rows of the LM head ([|H|, d]) or of markov_w2 ([|H|, r])
     vocab_size: int
+    packed: Optional[PackedWeight] = None  # ``weight`` packed for oneDNN where the CPU platform packs linears
+
+
+def _hot_rows(ids: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> _HotRows:
+    from sglang_dspark.patches import cpu_packed_linear
+
+    rows = weight.index_select(0, ids).contiguous()
+    packed = pack_weight(rows) if cpu_packed_linear.installed() and can_pack(rows) else None
+    return _HotRows(ids, rows, vocab_size, packed)
 
 
 def compute_base_logits_over_hot_vocab(original, self, hidden):
@@ -49,14 +59,15 @@ def compute_base_logits_over_hot_vocab(original, self, hidden):
     confidence_features = hidden
     if self.logits_mup_width_multiplier:  # as upstream: the folded-head scale, divided once
         hidden = hidden / self.logits_mup_width_multiplier
-    return hot_logits(hidden, hot.weight, hot.ids, hot.vocab_size), confidence_features
+    return hot_logits(hidden, hot.weight, hot.ids, hot.vocab_size, hot.packed), confidence_features
 
 
 def step_bias_over_hot_vocab(original, self, prev_tokens, *, hidden_states, state):
     hot: Optional[_HotRows] = getattr(self, "_dspark_hot", None)
     if hot is None:
         return original(self, prev_tokens, hidden_states=hidden_states, state=state)
-    return hot_markov_bias(self.get_prev_embeddings(prev_tokens), hot.weight, hot.ids, hot.vocab_size), state
+    return hot_markov_bias(self.get_prev_embeddings(prev_tokens), hot.weight, hot.ids, hot.vocab_size,
+                           hot.packed), state
 
 
 def greedy_w2_weight_unless_hot(original, self):
@@ -103,10 +114,9 @@ def attach_hot_vocab(draft_model, hot: HotVocab) -> Optional[str]:
     head = draft_model.markov_head
     ids = hot.token_ids.to(lm_weight.device)
     with torch.no_grad():
-        draft_model._dspark_hot = _HotRows(ids, lm_weight.index_select(0, ids).contiguous(), hot.vocab_size)
+        draft_model._dspark_hot = _hot_rows(ids, lm_weight, hot.vocab_size)
         w2 = head.markov_w2.weight
-        head._dspark_hot = _HotRows(ids.to(w2.device), w2.index_select(0, ids.to(w2.device)).contiguous(),
-                                    hot.vocab_size)
+        head._dspark_hot = _hot_rows(ids.to(w2.device), w2, hot.vocab_size)
     return None
 
 

@@ -19,12 +19,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from scipy import stats
 
 from sglang.kernels.ops.speculative.dspark import dspark_accept
 from sglang.srt.models.dspark import VanillaMarkov
 from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResult
 from sglang.srt.speculative.dspark_components.dspark_verify import accept_draft_tokens
+from sglang_dspark.cpu.packed_linear import pack_weight, packing_available
 from sglang_dspark.draft.hot_vocab import (
     HOT_VOCAB_FILE,
     HotVocab,
@@ -65,6 +67,18 @@ def test_hot_products_equal_full_products_on_hot_columns():
     assert torch.equal(step.argmax(dim=1), HOT[(hidden @ lm[HOT].T + latent @ w2[HOT].T).argmax(dim=1)])
     sampled = torch.multinomial(torch.softmax(step / TEMPERATURE, dim=-1), 200, replacement=True)
     assert torch.isin(sampled, HOT).all()  # and so are sampled ones
+
+
+@pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN linear")
+def test_hot_products_through_packed_rows_match():
+    """The CPU platform packs the hot rows for oneDNN (patches/hot_vocab.py); same products, -inf / 0 elsewhere."""
+    lm, w2, hidden = _draft_weights(seed=5)
+    latent = torch.randn(3, w2.shape[1])
+    plain = hot_logits(hidden, lm[HOT], HOT, V), hot_markov_bias(latent, w2[HOT], HOT, V)
+    packed = (hot_logits(hidden, lm[HOT], HOT, V, pack_weight(lm[HOT].contiguous())),
+              hot_markov_bias(latent, w2[HOT], HOT, V, pack_weight(w2[HOT].contiguous())))
+    for got, want in zip(packed, plain):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_hook_on_sglang_markov_head_gives_the_hot_bias():

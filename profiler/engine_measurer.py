@@ -128,6 +128,16 @@ def _tp_cpu_group():
     return parallel.tp_group.cpu_group, int(parallel.tp_size)
 
 
+def _linear_backend_entry(device: str) -> dict:
+    """On the CPU, which product the linear layers use (patches/cpu_packed_linear.py): the verify cost's growth with
+    the token count differs several-fold between the two, so a table timed with one must not serve the other."""
+    if not device.startswith("cpu"):
+        return {}
+    from sglang_dspark.patches import cpu_packed_linear
+
+    return {"cpu_linear": "onednn-packed" if cpu_packed_linear.installed() else "torch"}
+
+
 def obtain_sps_table(
     *,
     model_runner,
@@ -168,6 +178,7 @@ def obtain_sps_table(
         probe_grid=plan,  # carries token_tiers / max_slots
         cuda_graph=model_runner.decode_cuda_graph_runner is not None,
         verify_mode=read_ragged_verify_mode().value,
+        extra=_linear_backend_entry(str(model_runner.device)),
     )
     cache = SpsTableCache()
     measure = make_verify_forward_measurer(model_runner, plan)  # context_tokens and tiers do not change on thinning

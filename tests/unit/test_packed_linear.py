@@ -168,3 +168,21 @@ def test_lm_head_hook_leaves_other_branches_to_sglang(case):
     original = _Calls(lambda *a, **k: "sglang")
     assert cpu_packed_linear.lm_head_through_packed_weight(original, processor, torch.randn(2, 16), head) == "sglang"
     assert original.count == 1
+
+
+def test_sps_cache_key_tells_the_linear_backends_apart(monkeypatch, tmp_path):
+    """A table timed with MKL's products grows with the verify length several times faster than with packed ones: a
+    server must not reuse one for the other (profiler/engine_measurer.py puts the backend in the cache key)."""
+    from sglang_dspark.profiler import engine_measurer
+    from sglang_dspark.profiler.sps_cache import make_cache_key
+
+    (tmp_path / "config.json").write_text("{}")
+    keys = {}
+    for installed in (False, True):
+        monkeypatch.setattr(cpu_packed_linear, "_installed", installed)
+        extra = engine_measurer._linear_backend_entry("cpu")
+        keys[installed] = make_cache_key(model_path=tmp_path, dtype="float32", device="cpu", tp_size=1,
+                                         attention_backend="IntelAMXAttnBackend", max_total_tokens=1024,
+                                         probe_grid={"requests": [1]}, extra=extra).digest()
+    assert keys[False] != keys[True]
+    assert engine_measurer._linear_backend_entry("cuda:0") == {}

@@ -1,17 +1,16 @@
 """Linear products on the CPU through oneDNN with the weight packed once (plain torch; no SGLang imports).
 
 Why: ``F.linear`` in fp32 on a CPU goes to MKL's GEMM, whose cost grows with the number of rows M long before the
-weight read stops dominating: on the 2-core EPYC this project is measured on, the four linears of a SmolLM2-135M layer
-take ~0.45 ms at M = 1, ~1.9 ms at M = 2 and ~2.4 ms at M = 8, and the 49 152-row LM head 11 ms at M = 1 and 25 ms
-at M = 8. A speculative verify is exactly such a product (one row per verified token), so on the CPU verifying one
-draft token cost as much as a second decode step and drafting could not pay. oneDNN's linear with the weight
-reordered once into its blocked layout (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``, the ops
-torch.compile's CPU backend emits) reads the weight once per call: ~0.38 ms at M = 1, ~0.3 ms at M = 2, ~0.9 ms at
-M = 8; the LM head ~5 ms at M = 1 and ~6 ms at M = 8 (``tests/unit/test_packed_linear.py`` holds the parity; the
-timings are ``python -m sglang_dspark.cpu.packed_linear``).
+weight read stops dominating: on a 2-core EPYC a layer's linears cost about three times as much at M = 2 as at M = 1
+and five times at M = 8, the LM head twice as much. A speculative verify is exactly such a product (one row per
+verified token), so on the CPU verifying one draft token cost almost a second decode step and drafting could not pay.
+oneDNN's linear with the weight reordered once into its blocked layout (``torch.ops.mkldnn._reorder_linear_weight`` /
+``_linear_pointwise``, the ops torch.compile's CPU backend emits) reads the weight once per call: nearly flat up to
+M = 8, and faster than MKL at M = 1 too. ``python -m sglang_dspark.cpu.packed_linear`` prints both for SmolLM2-135M's
+shapes (the README's "On a CPU" quotes a run); ``tests/unit/test_packed_linear.py`` holds the parity.
 
-Each output row depends only on its input row (no split over M), so a verify row equals the decode row of the same
-input bit for bit, which plain MKL did not promise. Results differ from ``F.linear`` in the last bits (fp32
+An output row comes out bit-identical whatever the other rows (checked for M up to 16 in the tests), so a verify row
+equals the decode row of the same input, which plain MKL did not promise. Results differ from ``F.linear`` in the last bits (fp32
 summation order), like any other GEMM.
 
 The dense weight stays where it is (other code reads it: tied embeddings, weight checks); the packed copy costs as

@@ -7,6 +7,9 @@ keeps SGLang's own products.
 
 Two AROUND hooks, each falling through to SGLang's code unless its input is the plain case:
 
+Both take products of at most ``MAX_PACKED_ROWS`` rows only (decode, verify, draft blocks; prefills stay on MKL:
+see ``ROW_BUCKETS`` for why the row counts are bounded).
+
 * ``UnquantizedLinearMethod.apply``: CPU input of the weight's dtype (fp32/bf16), a 2-D strided weight, the layer not
   on SGLang's AMX path (our platform never enables it), bias absent or of the same dtype;
 * ``LogitsProcessor._compute_lm_head``: the branch SGLang takes for a plain LM head (``torch.matmul(hidden,
@@ -21,7 +24,14 @@ from __future__ import annotations
 
 import logging
 
-from sglang_dspark.cpu.packed_linear import PackedWeight, can_pack, pack_weight, packed_linear, packing_available
+from sglang_dspark.cpu.packed_linear import (
+    PackedWeight,
+    can_pack,
+    fits,
+    pack_weight,
+    packed_linear,
+    packing_available,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +69,7 @@ def linear_through_packed_weight(original, self, layer, x, bias=None):
         x.device.type != "cpu"
         or getattr(layer, "use_intel_amx_backend", False)
         or not can_pack(weight)
+        or not fits(x)
         or x.dtype != weight.dtype
         or (bias is not None and bias.dtype != x.dtype)
     ):
@@ -75,6 +86,7 @@ def lm_head_through_packed_weight(original, self, hidden_states, lm_head, embedd
         or (hasattr(lm_head, "set_lora") and hasattr(lm_head, "apply_lora"))
         or logits_processor.should_apply_lm_head_quant_method(lm_head, getattr(lm_head, "quant_method", None))
         or not can_pack(weight)
+        or not fits(hidden_states)
         or self.use_fp32_lm_head
         or getattr(lm_head, "use_intel_amx_backend", False)
         or self.rl_on_policy_target is not None

@@ -9,9 +9,9 @@ oneDNN's linear with the weight reordered once into its blocked layout (``torch.
 M = 8, and faster than MKL at M = 1 too. ``python -m sglang_dspark.cpu.packed_linear`` prints both for SmolLM2-135M's
 shapes (the README's "On a CPU" quotes a run); ``tests/unit/test_packed_linear.py`` holds the parity.
 
-An output row comes out bit-identical whatever the other rows (checked for M up to 16 in the tests), so a verify row
-equals the decode row of the same input, which plain MKL did not promise. Results differ from ``F.linear`` in the last bits (fp32
-summation order), like any other GEMM.
+An output row comes out bit-identical whatever the other rows (checked in the tests), so a verify row equals the
+decode row of the same input, which plain MKL did not promise, and padding a product to its row bucket changes none
+of its rows. Results differ from ``F.linear`` in the last bits (fp32 summation order), like any other GEMM.
 
 The dense weight stays where it is (other code reads it: tied embeddings, weight checks); the packed copy costs as
 much memory again for the weights that have one.
@@ -25,6 +25,13 @@ from typing import Optional
 import torch
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
+# oneDNN builds and caches one primitive per input shape (~0.6 MB each for SmolLM2's layers): left to every row count a
+# server meets (every prompt length), a long-running server grew by hundreds of MB. So only products of at most
+# MAX_PACKED_ROWS rows (decode, verify, draft blocks: where MKL is at its worst) take this path, their row count rounded
+# up to a bucket (zero rows appended: a row's result does not depend on the others), and a new product shape builds all
+# of its buckets at its first call, so that memory is reached at start-up and stays flat after.
+ROW_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+MAX_PACKED_ROWS = ROW_BUCKETS[-1]
 
 
 def packing_available() -> bool:
@@ -74,9 +81,55 @@ def pack_weight(weight: torch.Tensor, generation: int = 0) -> PackedWeight:
     return PackedWeight(packed, weight.data_ptr(), tuple(weight.shape), weight.dtype, generation)
 
 
+def rows_of(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def fits(x: torch.Tensor) -> bool:
+    """Whether :func:`packed_linear` takes ``x`` (at most ``MAX_PACKED_ROWS`` rows); larger products stay on MKL."""
+    return rows_of(x) <= MAX_PACKED_ROWS
+
+
+def row_bucket(rows: int) -> int:
+    """The smallest of ``ROW_BUCKETS`` that holds ``rows`` (1 <= rows <= MAX_PACKED_ROWS)."""
+    return next(bucket for bucket in ROW_BUCKETS if bucket >= rows)
+
+
 def packed_linear(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``F.linear(x, W, bias)`` for any leading shape of ``x``; ``x`` must have W's dtype."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
+    """``F.linear(x, W, bias)`` for any leading shape of ``x`` with at most ``MAX_PACKED_ROWS`` rows (:func:`fits`);
+    ``x`` must have W's dtype. The rows are padded with zeros to their bucket; the padding rows are dropped."""
+    rows, width = rows_of(x), x.shape[-1]
+    out_features = weight.shape[0]
+    if rows > MAX_PACKED_ROWS:
+        raise ValueError(f"packed_linear takes at most {MAX_PACKED_ROWS} rows, got {rows}: use F.linear")
+    if rows == 0:
+        return x.new_empty((*x.shape[:-1], out_features))
+    _build_primitives_once(weight, bias)
+    flat = x.reshape(rows, width)
+    bucket = row_bucket(rows)
+    if bucket != rows:
+        padded = flat.new_zeros((bucket, width))
+        padded[:rows] = flat
+        flat = padded
+    out = torch.ops.mkldnn._linear_pointwise(flat, weight.packed, bias, "none", [], "")
+    if bucket != rows:
+        out = out[:rows]
+    return out.reshape(*x.shape[:-1], out_features)
+
+
+_built: set = set()
+
+
+def _build_primitives_once(weight: PackedWeight, bias: Optional[torch.Tensor]) -> None:
+    """Run every bucket once for a new product shape, so its primitives exist from the first call on (memory
+    reached at start-up, then flat)."""
+    signature = (weight.shape, weight.dtype, bias is not None)
+    if signature in _built:
+        return
+    _built.add(signature)
+    for bucket in ROW_BUCKETS:
+        torch.ops.mkldnn._linear_pointwise(torch.zeros((bucket, weight.shape[1]), dtype=weight.dtype),
+                                           weight.packed, bias, "none", [], "")
 
 
 def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -37,7 +37,7 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
-from sglang_dspark.cpu.packed_linear import PackedWeight, packed_linear
+from sglang_dspark.cpu.packed_linear import PackedWeight, fits, packed_linear
 
 __all__ = [
     "HOT_VOCAB_FILE",
@@ -147,9 +147,11 @@ def hot_logits(hidden: torch.Tensor, hot_weight: torch.Tensor, hot_ids: torch.Te
     """``[N, |V|]`` logits: ``hidden @ hot_weightᵀ`` on the hot columns, ``-inf`` elsewhere.
 
     ``hot_weight`` = ``W[hot_ids]`` (``[|H|, d]``, gathered once); the result has ``hot_weight``'s dtype, as the full
-    product ``hidden @ Wᵀ`` would. ``packed``: the same rows packed for oneDNN (CPU; sglang_dspark/cpu/packed_linear.py)."""
+    product ``hidden @ Wᵀ`` would. ``packed``: the same rows packed for oneDNN (CPU; sglang_dspark/cpu/
+    packed_linear.py), used where the product fits its row limit."""
     hidden = hidden.to(hot_weight.dtype)
-    hot = packed_linear(hidden, packed) if packed is not None else torch.matmul(hidden, hot_weight.T)
+    usable = packed is not None and fits(hidden)
+    hot = packed_linear(hidden, packed) if usable else torch.matmul(hidden, hot_weight.T)
     out = torch.full((*hot.shape[:-1], vocab_size), float("-inf"), dtype=hot.dtype, device=hot.device)
     out.index_copy_(-1, hot_ids, hot)
     return out
@@ -158,8 +160,9 @@ def hot_logits(hidden: torch.Tensor, hot_weight: torch.Tensor, hot_ids: torch.Te
 def hot_markov_bias(latent: torch.Tensor, hot_w2: torch.Tensor, hot_ids: torch.Tensor, vocab_size: int,
                     packed: Optional[PackedWeight] = None) -> torch.Tensor:
     """``[N, |V|]`` Markov bias ``latent @ hot_w2ᵀ`` on the hot columns, zero elsewhere (the base logits are ``-inf``
-    there, so any finite value would do; zero keeps ``-inf + bias`` at ``-inf``). ``packed`` as in :func:`hot_logits`."""
-    usable = packed is not None and latent.dtype == hot_w2.dtype
+    there, so any finite value would do; zero keeps ``-inf + bias`` at ``-inf``). ``packed``: as in
+    :func:`hot_logits`."""
+    usable = packed is not None and latent.dtype == hot_w2.dtype and fits(latent)
     hot = packed_linear(latent, packed) if usable else torch.nn.functional.linear(latent, hot_w2)
     out = torch.zeros((*hot.shape[:-1], vocab_size), dtype=hot.dtype, device=hot.device)
     out.index_copy_(-1, hot_ids, hot)

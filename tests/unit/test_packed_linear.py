@@ -1,7 +1,9 @@
-"""oneDNN packed linear on the CPU (sglang_dspark/cpu/packed_linear.py) and its SGLang hooks (patches/cpu_packed_linear.py).
+"""oneDNN packed linear on the CPU (sglang_dspark/cpu/packed_linear.py) and its hooks (patches/cpu_packed_linear.py).
 
 * parity with ``F.linear`` (fp32 to 1e-4 relative, bf16 to bf16 rounding) for every input shape SGLang passes;
 * each output row depends only on its input row, bit for bit (why a verify row equals the decode row);
+* only bucketed row counts reach oneDNN (its per-shape primitives would otherwise grow a server's memory with every
+  prompt length), all of them built at a shape's first call; more than MAX_PACKED_ROWS rows stay on F.linear;
 * the hooks take SGLang's real ``UnquantizedLinearMethod.apply`` / ``LogitsProcessor._compute_lm_head`` path only in
   the plain case, pack once, and re-pack after a weight update or a replaced weight tensor.
 """
@@ -15,7 +17,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang_dspark.cpu.packed_linear import can_pack, pack_weight, packed_linear, packing_available, reference_linear
+from sglang_dspark.cpu.packed_linear import (
+    MAX_PACKED_ROWS,
+    ROW_BUCKETS,
+    can_pack,
+    fits,
+    pack_weight,
+    packed_linear,
+    packing_available,
+    reference_linear,
+    row_bucket,
+)
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN linear")
 
@@ -52,6 +64,31 @@ def test_a_row_does_not_depend_on_the_other_rows():
     alone = packed_linear(x[:1], packed)
     for rows in (2, 3, 8, 16):
         assert torch.equal(packed_linear(x[:rows], packed)[:1], alone), rows
+
+
+def test_only_bucketed_row_counts_reach_onednn(monkeypatch):
+    """Every row count from 1 to MAX_PACKED_ROWS gives F.linear's rows, yet oneDNN only ever sees ROW_BUCKETS."""
+    torch.manual_seed(6)
+    seen = []
+    onednn = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise",
+                        lambda *args: seen.append(args[0].shape[0]) or onednn(*args))
+    weight, bias = torch.randn(40, 24), torch.randn(40)
+    packed = pack_weight(weight)
+    x = torch.randn(MAX_PACKED_ROWS, 24)
+    alone = packed_linear(x[:1], packed, bias)
+    assert seen == [*ROW_BUCKETS, 1]  # the first call built every bucket of this shape
+    for rows in range(1, MAX_PACKED_ROWS + 1):
+        got = packed_linear(x[:rows], packed, bias)
+        assert got.shape == (rows, 40)
+        torch.testing.assert_close(got, F.linear(x[:rows], weight, bias), rtol=1e-4, atol=1e-4)
+        assert torch.equal(got[:1], alone), rows  # zero padding to the bucket changes no real row
+    assert set(seen) == set(ROW_BUCKETS)
+    assert [row_bucket(r) for r in (1, 8, 9, 13, 65, 256)] == [1, 8, 12, 16, 96, 256]
+    too_many = torch.randn(MAX_PACKED_ROWS + 1, 24)
+    assert not fits(too_many) and fits(x)
+    with pytest.raises(ValueError, match="at most"):
+        packed_linear(too_many, packed)
 
 
 def test_what_can_be_packed():
@@ -120,7 +157,7 @@ def test_linear_hook_uses_the_packed_weight_and_repacks_when_it_changes():
     assert original.count == 0
 
 
-@pytest.mark.parametrize("case", ["dtype mismatch", "bias dtype", "amx layer", "3-D weight"])
+@pytest.mark.parametrize("case", ["dtype mismatch", "bias dtype", "amx layer", "3-D weight", "prefill-sized"])
 def test_linear_hook_leaves_other_cases_to_sglang(case):
     method = unquant.UnquantizedLinearMethod()
     original = _Calls(lambda self, layer, x, bias=None: "sglang")
@@ -132,6 +169,8 @@ def test_linear_hook_leaves_other_cases_to_sglang(case):
         bias = torch.randn(24).bfloat16()
     elif case == "amx layer":
         layer.use_intel_amx_backend = True
+    elif case == "prefill-sized":
+        x = torch.randn(MAX_PACKED_ROWS + 1, 16)
     else:
         layer.weight = torch.nn.Parameter(torch.randn(2, 24, 16), requires_grad=False)
     assert cpu_packed_linear.linear_through_packed_weight(original, method, layer, x, bias) == "sglang"

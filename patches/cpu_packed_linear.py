@@ -5,10 +5,9 @@ a packed oneDNN linear does not, and is faster at one row too). Every server the
 takes it, speculative or not, so side-by-side comparisons stay like with like. ``SGLANG_DSPARK_CPU_LINEAR=torch``
 keeps SGLang's own products.
 
-Two AROUND hooks, each falling through to SGLang's code unless its input is the plain case:
-
-Both take products of at most ``MAX_PACKED_ROWS`` rows only (decode, verify, draft blocks; prefills stay on MKL:
-see ``ROW_BUCKETS`` for why the row counts are bounded).
+Two AROUND hooks, each falling through to SGLang's code unless its input is the plain case, and for products of at
+most ``MAX_PACKED_ROWS`` rows only (decode, verify, draft blocks; prefills stay on MKL: ``ROW_BUCKETS`` says why the
+row counts are bounded):
 
 * ``UnquantizedLinearMethod.apply``: CPU input of the weight's dtype (fp32/bf16), a 2-D strided weight, the layer not
   on SGLang's AMX path (our platform never enables it), bias absent or of the same dtype;

@@ -14,6 +14,18 @@ row counts are bounded):
 * ``LogitsProcessor._compute_lm_head``: the branch SGLang takes for a plain LM head (``torch.matmul(hidden,
   weight.T)``): no LoRA wrapper, no quantized head, no fp32 LM-head upcast, no AMX, no RL on-policy bf16 cast.
 
+The draft's context injection (the committed tokens' target hidden states into the draft KV, once per decode step
+whether the step drafts or not) multiplies through torch's own products, not SGLang's linear method, so it gets two
+more routes, for the same reason:
+
+* the draft's ``torch.nn.Linear`` modules (DFlash's ``fc``, which projects the concatenated target layers):
+  :func:`pack_draft_context_products` gives each an instance ``forward`` that takes the packed path, called by our worker;
+* the stacked K/V projection of all draft layers (``DSparkDraftMixin._project_ctx_kv_stacked``, one ``F.linear``
+  over a weight upstream concatenates once and caches): an AFTER hook on ``_stacked_ctx_kv_params`` attaches a packed
+  copy to that cached tensor, and ``sglang.srt.models.dspark.F`` becomes :class:`_FunctionalWithPackedLinear`, the
+  same functions whose ``linear`` uses a weight's attached copy (every other weight, and every other function, is
+  torch's own).
+
 A packed copy is made on first use and remade when the weight tensor is replaced (pointer, shape or dtype change) or
 after any of SGLang's weight updates (an AFTER hook bumps a generation: in-place ``.data`` copies do not change a
 tensor's version counter, so nothing else would notice them).
@@ -22,6 +34,10 @@ tensor's version counter, so nothing else would notice them).
 from __future__ import annotations
 
 import logging
+import types
+
+import torch
+import torch.nn.functional as torch_functional
 
 from sglang_dspark.cpu.packed_linear import (
     PackedWeight,
@@ -42,6 +58,8 @@ _WEIGHT_UPDATERS = tuple(
                  "update_weights_from_ipc")
 )
 _PACKED_ATTR = "_dspark_packed_weight"
+STACKED_CONTEXT_KV = "sglang.srt.models.dspark.DSparkDraftMixin._stacked_ctx_kv_params"
+DRAFT_MODEL_MODULE = "sglang.srt.models.dspark"
 _installed = False
 _generation = 0
 
@@ -95,6 +113,75 @@ def lm_head_through_packed_weight(original, self, hidden_states, lm_head, embedd
     return packed_linear(hidden_states.to(weight.dtype), packed_for(lm_head, weight))
 
 
+def _plain_case(x, weight, bias) -> bool:
+    return (
+        x.device.type == "cpu"
+        and fits(x)
+        and x.dtype == weight.dtype
+        and (bias is None or bias.dtype == x.dtype)
+    )
+
+
+def _torch_linear_forward(self, x):
+    """``torch.nn.Linear.forward`` through a packed copy of the weight (the instance override of pack_draft_context_products)."""
+    weight, bias = self.weight, self.bias
+    if not can_pack(weight) or not _plain_case(x, weight, bias):
+        return torch_functional.linear(x, weight, bias)
+    return packed_linear(x, packed_for(self, weight), bias)
+
+
+def pack_draft_context_products(draft_model) -> int:
+    """Called by our worker once the draft is loaded: the draft's plain ``torch.nn.Linear`` modules through packed
+    weights (subclasses, which may compute something else, are left alone) and the draft model module's ``F`` routed
+    (the stacked K/V projection). Returns how many modules; does nothing unless the hooks are installed."""
+    if not _installed:
+        return 0
+    _route_draft_model_functional()
+    count = 0
+    for module in draft_model.modules():
+        if type(module) is torch.nn.Linear:
+            module.forward = types.MethodType(_torch_linear_forward, module)
+            count += 1
+    return count
+
+
+def attach_packed_copy(result, *args, **kwargs):
+    """AFTER ``_stacked_ctx_kv_params``: its cached stacked K/V weight gets a packed copy (made once; the dict and
+    its tensor are upstream's cache, so the copy lives exactly as long as the weight it was made from)."""
+    weight = result.get("weight") if isinstance(result, dict) else None
+    if can_pack(weight):
+        packed = weight.__dict__.get(_PACKED_ATTR)
+        if packed is None or not packed.matches(weight, _generation):
+            weight.__dict__[_PACKED_ATTR] = pack_weight(weight, _generation)
+    return result
+
+
+class _FunctionalWithPackedLinear(types.ModuleType):
+    """``torch.nn.functional`` for one SGLang module, except ``linear``: a weight carrying a current packed copy
+    (:func:`attach_packed_copy`) goes through it in the plain case; anything else is torch's ``F.linear``."""
+
+    def __init__(self) -> None:
+        super().__init__(torch_functional.__name__)
+
+    def __getattr__(self, name):
+        return getattr(torch_functional, name)
+
+    @staticmethod
+    def linear(x, weight, bias=None):
+        packed = weight.__dict__.get(_PACKED_ATTR) if isinstance(weight, torch.Tensor) else None
+        if packed is None or not packed.matches(weight, _generation) or not _plain_case(x, weight, bias):
+            return torch_functional.linear(x, weight, bias)
+        return packed_linear(x, packed, bias)
+
+
+def _route_draft_model_functional() -> None:
+    import importlib
+
+    module = importlib.import_module(DRAFT_MODEL_MODULE)
+    if getattr(module, "F", None) is torch_functional:
+        module.F = _FunctionalWithPackedLinear()
+
+
 def installed() -> bool:
     """Whether this process runs linears through packed weights (the draft's hot rows follow it)."""
     return _installed
@@ -118,5 +205,6 @@ def install() -> bool:
     HookRegistry.register(COMPUTE_LM_HEAD, lm_head_through_packed_weight, HookType.AROUND)
     for target in _WEIGHT_UPDATERS:
         HookRegistry.register(target, weights_changed, HookType.AFTER)
+    HookRegistry.register(STACKED_CONTEXT_KV, attach_packed_copy, HookType.AFTER)
     _installed = True
     return True

@@ -57,10 +57,20 @@ class _UnknownCost:
 
 class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
     """Upstream's host budget planner with our capacity rule. Lag bookkeeping (``_shift_to_lag``,
-    ``_two_steps_prior_survival``: confidences two steps back, fresh requests at survival 1) is upstream's."""
+    ``_two_steps_prior_survival``: confidences two steps back) is upstream's.
+
+    Where we diverge: upstream reads a request with no lagged confidence of its own (arrived since, or not drafted
+    for while the gate paused) as survival 1 and verifies its whole block. Under load that is most of the batch on
+    the first drafted step after a pause (a probe): every row verified in full, the costliest step the server can
+    run, for a draft the gate has just found not worth it. Those rows read the population's recent survivals
+    (``survival_prior``) instead, as the gate does; before any draft ran there is none and upstream's 1 stands."""
 
     cost = None
     policy: AdmissionPolicy
+    survival_prior: Optional[SurvivalPrior] = None
+    # Set by the verify planner around a gated step: the gate's decision from this step's survivals (overlap path).
+    decide_draft = None
+    gate_decision: Optional[GateDecision] = None
     # The lagged survivals of the last compute_budget ([R, γ]), for the draft gate of the same step (overlap path).
     last_survival: Optional[torch.Tensor] = None
     # Which rows of the last survivals came from a confidence of the request itself ([R] bool; the others read 1).
@@ -100,12 +110,22 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
             lagged_generation=lagged_generation,
             current_generation=current_generation,
         )
+        if self.survival_prior is not None:
+            survival = self.survival_prior.fill(survival, self.last_known_rows)
         self.last_survival = survival
         num_requests, gamma = survival.shape
+        self.gate_decision = None
         if self.forced_budget_frac is not None:  # upstream's /update knob keeps working
             budget = max(0, int(float(self.forced_budget_frac) * num_requests * gamma))
         else:
-            budget = self.policy.capacity(survival, self.cost, num_requests)
+            # The draft gate decides first: a step it skips verifies the anchors only, so the capacity search (as
+            # costly as the gate's own) is not run for it.
+            if self.decide_draft is not None:
+                self.gate_decision = self.decide_draft(survival, num_requests)
+            if self.gate_decision is not None and not self.gate_decision.draft:
+                budget = 0
+            else:
+                budget = self.policy.capacity(survival, self.cost, num_requests)
         sps = float(self.cost.steps_per_second(num_requests, num_requests + budget))
         self.last_decision = VerifyBudgetDecision(
             budget=budget, predicted_step_seconds=1.0 / sps if sps > 0 else None
@@ -145,6 +165,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         # upstream state (lag ring, carry buffers) instead of rebuilding it from private constructor arguments.
         self._budget_planner.__class__ = AdmissionBudgetPlanner
         self._budget_planner.policy = self.policy
+        self._budget_planner.survival_prior = self.survival_prior
         # Upstream serves a cached verify-all layout while its table is flat; ours never is.
         self._is_verify_all = False
 
@@ -216,21 +237,32 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
 
     def prepare_verify_budget(self, batch, future_map) -> None:
         """Overlap path: the budget of the next step, on the host before its forward; the gate decides here too."""
-        if self._budget_planner is not None:
-            self._budget_planner.last_survival = None
-            self._budget_planner.last_known_rows = None
-        super().prepare_verify_budget(batch, future_map)
         draft_input = batch.spec_info
-        if (
+        gated = not (
             self.draft_gate is None
             or draft_input is None
             or batch.forward_mode.is_extend()
             or batch.is_extend_in_batch
             or batch.batch_size() == 0
             or batch.has_grammar
-        ):
+        )
+        planner = self._budget_planner
+        if planner is not None:
+            planner.last_survival = None
+            planner.last_known_rows = None
+            planner.gate_decision = None
+            planner.decide_draft = self._decide if gated else None
+        try:
+            super().prepare_verify_budget(batch, future_map)
+        finally:
+            if planner is not None:
+                planner.decide_draft = None
+        if not gated:
             return
-        decision = self._decide(self._budget_planner.last_survival, batch.batch_size())
+        # Decided inside compute_budget, before its capacity search; else (forced budget, no resolved confidences) here.
+        decision = planner.gate_decision if planner is not None else None
+        if decision is None:
+            decision = self._decide(planner.last_survival if planner is not None else None, batch.batch_size())
         self._gate_pending = (draft_input, decision)
         if not decision.draft:
             draft_input.verify_token_budget = 0

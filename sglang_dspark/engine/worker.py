@@ -100,6 +100,7 @@ class DSparkWorker(DSparkWorkerV2):
         self._plain_decode_on = envs.PLAIN_STEP.get() == "decode"  # read once, not on every decode step
         if self._hosts_draft:
             self._install_hot_vocab()
+            self._pack_draft_context_products()
         logger.info("sglang-dspark DSPARK worker active (pid %d)", os.getpid())
 
     def _install_hot_vocab(self) -> None:
@@ -131,6 +132,16 @@ class DSparkWorker(DSparkWorkerV2):
             return
         logger.info("sglang-dspark hot vocabulary: the draft's logits over %d of %d tokens (%s=off to disable)",
                     hot.size, vocab_size, envs.HOT_VOCAB.name)
+
+    def _pack_draft_context_products(self) -> None:
+        """On the CPU platform: the draft-KV injection's products through packed weights (patches/cpu_packed_linear.py);
+        it runs on every decode step, drafted or not."""
+        from sglang_dspark.patches import cpu_packed_linear
+
+        if cpu_packed_linear.installed() and str(self.device).startswith("cpu"):
+            count = cpu_packed_linear.pack_draft_context_products(self.draft_model)
+            logger.info("sglang-dspark CPU platform: the draft's context projections through packed weights "
+                        "(%d torch linear(s) and the stacked K/V projection)", count)
 
     def init_cuda_graphs(self):
         super().init_cuda_graphs()

@@ -300,3 +300,73 @@ def test_sync_path_reads_the_newest_carried_confidences_without_shifting():
     assert planner._carry_pos == 2
     planner.carry_steps = 0  # overlap: the relay supplies the lag, no ring
     assert planner.latest_survival(req_pool_indices_cpu=rows, current_generation=generation) is None
+
+
+def test_admission_reads_the_prior_for_rows_without_a_confidence():
+    """The budget of a drafted step (a probe after a pause, under load) must not verify every unknown row in full:
+    rows with no lagged confidence read the population prior in the capacity search too, as they do in the gate."""
+    from sglang_dspark.engine.planner import AdmissionBudgetPlanner
+    from sglang_dspark.scheduling.policy import AdmissionPolicy
+
+    def budget(prior):
+        planner = AdmissionBudgetPlanner.__new__(AdmissionBudgetPlanner)
+        planner.carry_steps = 0  # overlap: the relay supplies the lagged confidences as given
+        planner.forced_budget_frac = None
+        planner.policy = AdmissionPolicy("async")
+        planner.survival_prior = prior
+        # Verify cost: 10 ms + 1 ms per verified token (R ignored): a token pays only if it survives with p > ~0.1.
+        planner.cost = TableCost({b: 0.010 + 0.001 * b for b in range(1, 64)})
+        requests, gamma = 8, 3
+        confidence = torch.full((requests, gamma), 0.05)
+        generation = torch.tensor([5] + [0] * (requests - 1))  # only row 0 drafted for this request generation
+        current = torch.full((requests,), 5)
+        k = planner.compute_budget(confidence=confidence, generation=generation, current_generation=current,
+                                   req_pool_indices_cpu=torch.arange(requests))
+        return k, planner.last_survival
+
+    k_upstream, survival = budget(None)
+    assert k_upstream == 7 * 3 and torch.equal(survival[1:], torch.ones(7, 3))  # unknown rows verified in full
+    prior = SurvivalPrior()
+    prior.observe(torch.full((4, 3), 0.05).cumprod(dim=1))
+    k_prior, survival = budget(prior)
+    assert k_prior == 0  # the population says this draft's tokens do not survive: verify the anchors only
+    assert torch.allclose(survival[1:], prior.mean.expand(7, -1))
+
+
+def test_a_step_the_gate_skips_runs_no_capacity_search():
+    """The gate decides inside compute_budget, from the same (prior-filled) survivals, before the capacity search:
+    a skipped step gets budget 0 without the search; a drafted one gets the search's budget; one decision per step."""
+    from sglang_dspark.engine.planner import AdmissionBudgetPlanner
+    from sglang_dspark.scheduling.draft_gate import GateDecision
+    from sglang_dspark.scheduling.policy import AdmissionPolicy
+
+    class CountingPolicy(AdmissionPolicy):
+        searches = 0
+
+        def capacity(self, *args):
+            CountingPolicy.searches += 1
+            return 5
+
+    seen = []
+
+    def planner_with(draft):
+        planner = AdmissionBudgetPlanner.__new__(AdmissionBudgetPlanner)
+        planner.carry_steps = 0
+        planner.forced_budget_frac = None
+        planner.policy = CountingPolicy("async")
+        planner.cost = FlatCost(0.01)
+        planner.decide_draft = lambda survival, requests: seen.append((survival.clone(), requests)) or GateDecision(
+            draft, "pays" if draft else "pause")
+        return planner
+
+    def budget(planner):
+        return planner.compute_budget(confidence=torch.full((2, 3), 0.5), generation=torch.tensor([4, 4]),
+                                      current_generation=torch.tensor([4, 4]), req_pool_indices_cpu=torch.arange(2))
+
+    skip = planner_with(False)
+    assert budget(skip) == 0 and CountingPolicy.searches == 0 and not skip.gate_decision.draft
+    assert len(seen) == 1 and seen[0][1] == 2 and torch.allclose(seen[0][0], skip.last_survival)
+    draft = planner_with(True)
+    assert budget(draft) == 5 and CountingPolicy.searches == 1 and draft.gate_decision.draft and len(seen) == 2
+    draft.decide_draft = None  # not a gated step: no decision, the search runs
+    assert budget(draft) == 5 and draft.gate_decision is None and CountingPolicy.searches == 2

@@ -108,7 +108,8 @@ from sglang_dspark.patches import cpu_packed_linear  # noqa: E402
 
 
 def test_every_hook_target_resolves():
-    targets = [cpu_packed_linear.LINEAR_APPLY, cpu_packed_linear.COMPUTE_LM_HEAD, *cpu_packed_linear._WEIGHT_UPDATERS]
+    targets = [cpu_packed_linear.LINEAR_APPLY, cpu_packed_linear.COMPUTE_LM_HEAD, *cpu_packed_linear._WEIGHT_UPDATERS,
+               cpu_packed_linear.STACKED_CONTEXT_KV]
     for target in targets:
         owner, attr = target.rsplit(".", 1)
         assert callable(getattr(pkgutil.resolve_name(owner), attr)), target
@@ -225,3 +226,68 @@ def test_sps_cache_key_tells_the_linear_backends_apart(monkeypatch, tmp_path):
                                          probe_grid={"requests": [1]}, extra=extra).digest()
     assert keys[False] != keys[True]
     assert engine_measurer._linear_backend_entry("cuda:0") == {}
+
+
+def test_draft_model_module_multiplies_through_torch_functional():
+    """The routed module name must be the one whose ``F.linear`` computes the stacked K/V projection."""
+    import inspect
+
+    module = pkgutil.resolve_name(cpu_packed_linear.DRAFT_MODEL_MODULE)
+    assert module.F is F or isinstance(module.F, cpu_packed_linear._FunctionalWithPackedLinear)
+    source = inspect.getsource(module.DSparkDraftMixin._project_ctx_kv_stacked)
+    assert 'F.linear(ctx_hidden, stacked["weight"]' in source
+
+
+def test_draft_torch_linears_take_the_packed_path(monkeypatch):
+    """The draft's ``fc`` (a torch nn.Linear) runs through a packed copy, made once and remade after an update;
+    subclasses and prefill-sized inputs keep torch's forward."""
+    monkeypatch.setattr(cpu_packed_linear, "_installed", True)
+    monkeypatch.setattr(cpu_packed_linear, "_route_draft_model_functional", lambda: None)
+
+    class Scaled(torch.nn.Linear):  # a subclass may compute something else: left alone
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 24), Scaled(24, 8)).requires_grad_(False)
+    assert cpu_packed_linear.pack_draft_context_products(model) == 1
+    x = torch.randn(5, 16)
+    fc = model[0]
+    torch.testing.assert_close(fc(x), F.linear(x, fc.weight, fc.bias), rtol=1e-4, atol=1e-4)
+    first = fc.__dict__[cpu_packed_linear._PACKED_ATTR]
+    fc(x)
+    assert fc.__dict__[cpu_packed_linear._PACKED_ATTR] is first
+    torch.testing.assert_close(model(x), 2 * F.linear(F.linear(x, fc.weight, fc.bias), model[1].weight,
+                                                      model[1].bias), rtol=1e-4, atol=1e-4)
+    assert cpu_packed_linear._PACKED_ATTR not in model[1].__dict__
+    with torch.no_grad():
+        fc.weight.data.copy_(torch.randn(24, 16))
+    cpu_packed_linear.weights_changed(None, object())
+    torch.testing.assert_close(fc(x), F.linear(x, fc.weight, fc.bias), rtol=1e-4, atol=1e-4)
+    big = torch.randn(MAX_PACKED_ROWS + 1, 16)
+    torch.testing.assert_close(fc(big), F.linear(big, fc.weight, fc.bias))  # left to torch: bit-identical
+
+
+def test_stacked_kv_weight_gets_a_packed_copy_the_routed_functional_uses(monkeypatch):
+    routed = cpu_packed_linear._FunctionalWithPackedLinear()
+    assert routed.relu is F.relu and routed.silu is F.silu  # every other function is torch's own
+    torch.manual_seed(7)
+    weight, bias, x = torch.randn(40, 16), torch.randn(40), torch.randn(6, 16)
+    calls = _Calls(cpu_packed_linear.packed_linear)
+    monkeypatch.setattr(cpu_packed_linear, "packed_linear", calls)
+    torch.testing.assert_close(routed.linear(x, weight, bias), F.linear(x, weight, bias))
+    assert calls.count == 0  # no packed copy attached: torch's F.linear
+    stacked = {"weight": weight, "bias": bias}
+    assert cpu_packed_linear.attach_packed_copy(stacked, object()) is stacked
+    first = weight.__dict__[cpu_packed_linear._PACKED_ATTR]
+    cpu_packed_linear.attach_packed_copy(stacked, object())
+    assert weight.__dict__[cpu_packed_linear._PACKED_ATTR] is first  # packed once
+    torch.testing.assert_close(routed.linear(x, weight, bias), F.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
+    assert calls.count == 1
+    cpu_packed_linear.weights_changed(None, object())  # stale copy: torch's F.linear until re-attached
+    routed.linear(x, weight, bias)
+    assert calls.count == 1
+    cpu_packed_linear.attach_packed_copy(stacked, object())
+    routed.linear(x, weight, bias)
+    assert calls.count == 2
+    assert cpu_packed_linear.attach_packed_copy(None, object()) is None  # upstream found no stacked layout

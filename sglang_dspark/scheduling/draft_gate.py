@@ -19,6 +19,10 @@ While paused nothing new is learned about acceptance (no confidences are produce
 probe (a drafted step) after every ``N`` skipped steps, ``N`` doubling from ``probe_min`` to ``probe_max`` while the
 probes keep saying "pause": a pause costs at most one draft block per ``probe_max + 1`` steps in the long run. The
 probe's confidences reach the capacity decision through the usual lag and bring drafting back when it pays again.
+Each probe also costs what a drafted step costs more than a plain one, and under load that difference grows faster
+than the plain step (the draft block over every request: at 64 users a probe took 4-6 plain steps on a CPU), so the
+interval is also at least what keeps probes within ``probe_share`` of the time: ``(t_draft − t_skip) /
+(probe_share · t_skip)`` skipped steps per probe, from the same learned costs the decision uses.
 The back-off survives a short comeback: a probe that happens to land on an easy stretch resumes drafting for a step
 or two and pauses again, and restarting the probes at ``probe_min`` then would make such a draft flap between the two
 (a probe every few steps instead of every ``probe_max``). The interval goes back to ``probe_min`` only when drafting
@@ -117,6 +121,8 @@ class DraftChoice:
     capacity: int  # the K that maximises Θ(draft) (draft tokens verified in all, anchors excluded)
     theta_draft: float  # tokens per second, drafted step with that K
     theta_skip: float  # tokens per second, plain (anchor-only) step
+    seconds_draft: float = math.nan  # time of the drafted step with that K
+    seconds_skip: float = math.nan  # time of the plain step
 
 
 def should_draft(
@@ -149,8 +155,10 @@ def should_draft(
     theta = _reachable_path_throughput(survival, num_requests, cost_with_draft, min_survival)
     capacity = int(torch.argmax(theta))
     theta_draft = float(theta[capacity])
+    sps = float(cost_with_draft.steps_per_second(num_requests, num_requests + capacity))
     return DraftChoice(draft=theta_draft > theta_skip, capacity=capacity, theta_draft=theta_draft,
-                       theta_skip=theta_skip)
+                       theta_skip=theta_skip, seconds_draft=1.0 / sps if sps > 0 else math.inf,
+                       seconds_skip=float(seconds_without_draft))
 
 
 class FlatCost:
@@ -189,6 +197,8 @@ class DraftGate:
         min_skip_samples: int = 3,
         comeback_steps: int = 48,
         steady_spell: int = 16,
+        probe_share: float = 0.02,
+        max_probe_interval: int = 4096,
     ) -> None:
         if mode not in GATE_MODES:
             raise ValueError(f"unknown draft gate mode {mode!r}; choose one of {', '.join(GATE_MODES)}")
@@ -202,6 +212,8 @@ class DraftGate:
         self.min_skip_samples = min_skip_samples
         self.comeback_steps = comeback_steps
         self.steady_spell = steady_spell
+        self.probe_share = probe_share
+        self.max_probe_interval = max_probe_interval
         self._drafting_spell = 0  # "pays" steps since the last resume
         self.paused = False
         self.probe_interval = probe_min
@@ -264,9 +276,19 @@ class DraftGate:
             return GateDecision(True, "pays", choice)
         if not self.paused:
             return GateDecision(False, "pause", choice)
-        if self._skipped_since_probe >= self.probe_interval:
+        if self._skipped_since_probe >= max(self.probe_interval, self.cost_bounded_interval(choice)):
             return GateDecision(True, "probe", choice)
         return GateDecision(False, "pause", choice)
+
+    def cost_bounded_interval(self, choice: Optional[DraftChoice]) -> int:
+        """Skipped steps per probe that keep the probes' extra cost within ``probe_share`` of the time."""
+        if choice is None or not (choice.seconds_skip > 0) or not math.isfinite(choice.seconds_skip):
+            return 0
+        extra = choice.seconds_draft - choice.seconds_skip
+        if not extra > 0:
+            return 0
+        steps = extra / (self.probe_share * choice.seconds_skip)
+        return int(min(math.ceil(steps), self.max_probe_interval))
 
     def _count(self, decision: GateDecision) -> None:
         self.decisions += 1

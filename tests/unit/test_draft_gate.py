@@ -112,7 +112,8 @@ HIGH = torch.tensor([[0.99, 0.98, 0.97]])  # 3.94 tokens per 20 ms: draft
 
 
 def test_pause_then_probes_with_doubling_interval_then_resume():
-    gate = DraftGate("auto", probe_min=2, probe_max=8)
+    # probe_share 1: the cost bound (tested below) allows a probe every step, so the doubling alone is seen here.
+    gate = DraftGate("auto", probe_min=2, probe_max=8, probe_share=1.0)
     trace = [_decide(gate, LOW) for _ in range(20)]
     kinds = ["D" if d.draft else "s" for d in trace]
     # Paused: probe after 2 skipped steps, then 4, then 8 (capped).
@@ -150,6 +151,28 @@ def test_probe_cost_is_bounded():
     decisions = [_decide(gate, LOW) for _ in range(2000)]
     drafted = sum(d.draft for d in decisions)
     assert drafted <= 2000 / 64 + 5  # in the long run one draft block per probe_max + 1 steps
+
+
+def test_probes_stay_within_their_share_of_the_time_when_a_drafted_step_is_costly():
+    """Under load a probe costs several plain steps; the doubling alone (one per probe_max + 1 steps) would spend
+    far more than probe_share of the time on them. Simulated 4000 paused steps, draft/skip cost ratio 1.5 and 6."""
+    for ratio in (1.5, 6.0):
+        gate = DraftGate("auto", probe_min=4, probe_max=64, probe_share=0.02)
+        skip = 0.01
+        drafted = sum(_decide(gate, LOW, cost=FlatCost(ratio * skip), skip=skip).draft for _ in range(4000))
+        probes = gate.reasons.get("probe", 0)
+        assert drafted == probes >= 1 and gate.resumes == 0
+        extra_time = probes * (ratio - 1) * skip
+        total_time = 4000 * skip + extra_time
+        assert extra_time / total_time <= 0.02 + 1e-9  # within the share
+        # ...and not starved either: the interval is the larger of the back-off (64) and the cost bound, not more
+        bound = math.ceil((ratio - 1) / 0.02)  # 25 and 250 skipped steps per probe
+        assert gate.cost_bounded_interval(gate.last.choice) == bound
+        assert probes >= 4000 // (max(64, bound) + 1) - 1
+    # A drafted step no costlier than a plain one adds no bound; unknown costs neither.
+    assert gate.cost_bounded_interval(None) == 0
+    assert DraftGate("auto", max_probe_interval=100).cost_bounded_interval(
+        should_draft(LOW, FlatCost(100.0), 0.01)) == 100  # capped
 
 
 def test_survival_prior_is_the_running_population_mean():

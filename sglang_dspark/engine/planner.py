@@ -73,7 +73,8 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
     gate_decision: Optional[GateDecision] = None
     # The lagged survivals of the last compute_budget ([R, γ]), for the draft gate of the same step (overlap path).
     last_survival: Optional[torch.Tensor] = None
-    # Which rows of the last survivals came from a confidence of the request itself ([R] bool; the others read 1).
+    # Which rows of the last survivals came from a confidence of the request itself ([R] bool; the others read the
+    # survival prior, or upstream's 1 before any draft ran).
     last_known_rows: Optional[torch.Tensor] = None
 
     def _two_steps_prior_survival(self, *, lagged_confidence, lagged_generation, current_generation):

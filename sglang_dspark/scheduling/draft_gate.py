@@ -20,7 +20,7 @@ probe (a drafted step) after every ``N`` skipped steps, ``N`` doubling from ``pr
 probes keep saying "pause": a pause costs at most one draft block per ``probe_max + 1`` steps in the long run. The
 probe's confidences reach the capacity decision through the usual lag and bring drafting back when it pays again.
 Each probe also costs what a drafted step costs more than a plain one, and under load that difference grows faster
-than the plain step (the draft block over every request: at 64 users a probe took 4-6 plain steps on a CPU), so the
+than the plain step (the draft block runs over every request, for a verify of a few tokens), so the
 interval is also at least what keeps probes within ``probe_share`` of the time: ``(t_draft − t_skip) /
 (probe_share · t_skip)`` skipped steps per probe, from the same learned costs the decision uses.
 The back-off survives a short comeback: a probe that happens to land on an easy stretch resumes drafting for a step

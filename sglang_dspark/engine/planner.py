@@ -96,11 +96,18 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
             return None
         slot = (self._carry_pos - 1) % self.carry_steps
         rows = req_pool_indices_cpu.to(torch.int64)
-        return self._two_steps_prior_survival(
+        survival = self._two_steps_prior_survival(
             lagged_confidence=self._carry_confidence[slot, rows],
             lagged_generation=self._carry_generation[slot, rows],
             current_generation=current_generation,
         )
+        return self._with_prior(survival)
+
+    def _with_prior(self, survival: torch.Tensor) -> torch.Tensor:
+        """Rows without a confidence of their own read the survival prior (both paths hand the gate filled rows)."""
+        if self.survival_prior is None:
+            return survival
+        return self.survival_prior.fill(survival, self.last_known_rows)
 
     def compute_budget(self, *, confidence, generation, current_generation, req_pool_indices_cpu) -> int:
         lagged_confidence, lagged_generation = self._shift_to_lag(
@@ -111,8 +118,7 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
             lagged_generation=lagged_generation,
             current_generation=current_generation,
         )
-        if self.survival_prior is not None:
-            survival = self.survival_prior.fill(survival, self.last_known_rows)
+        survival = self._with_prior(survival)
         self.last_survival = survival
         num_requests, gamma = survival.shape
         self.gate_decision = None
@@ -310,9 +316,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
     def _decide(self, survival: Optional[torch.Tensor], num_requests: int) -> GateDecision:
         gate = self.draft_gate
         try:
-            if survival is not None:
-                survival = self.survival_prior.fill(survival, self._budget_planner.last_known_rows)
-            else:  # no request of the batch has a lagged confidence: the population's (None before any draft)
+            # ``survival`` comes from the budget planner with unknown rows already read from the prior.
+            if survival is None:  # no request of the batch has a lagged confidence: the population's (None before any draft)
                 survival = self.survival_prior.rows(num_requests)
             decision = gate.decide(
                 lagged_survival=survival,

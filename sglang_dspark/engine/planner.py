@@ -153,6 +153,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         self.survival_prior = SurvivalPrior()  # the gate's survivals for requests not drafted for yet
         self._gate_pending = None  # (draft_input, GateDecision) decided in prepare_verify_budget (overlap path)
         self.anchor_only = False  # this step skips the draft: verify the anchors only
+        self.step_choice = None  # the gate's DraftChoice for the step being run (None: no gate or no choice)
         self.compact_anchor_steps = 0  # skipped steps whose verify kept one logits row per request
         self.plain_decode_steps = 0  # of those, steps run as SGLang's decode step (engine/plain_decode_step.py)
         self.step_cost = None  # profiled verify cost + learned step overhead; set by install_sps_table
@@ -283,6 +284,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
     def begin_decode_step(self, batch) -> bool:
         """Called by our worker before a decode step: True to draft, False for a plain anchor-only step."""
         self.anchor_only = False
+        self.step_choice = None
         pending, self._gate_pending = self._gate_pending, None
         if self.draft_gate is None or batch.has_grammar:
             return True
@@ -291,6 +293,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         else:  # synchronous scheduling: decide from the newest confidences the host carry ring holds
             decision = self._decide(self._sync_survival(batch), len(batch.seq_lens))
         self.anchor_only = not decision.draft
+        self.step_choice = decision.choice  # the prediction this step's outcome is held against (observe_step)
         return decision.draft
 
     def end_decode_step(self) -> None:
@@ -377,6 +380,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             verify_seconds = self.step_cost.verify_scale * table_seconds
             overhead = self.step_overhead if record.drafted else self.skip_overhead
             overhead.observe(num_requests, record.seconds, verify_seconds)
+        if self.draft_gate is not None and record.gate_choice is not None and record.seconds is not None:
+            self.draft_gate.observe_outcome(record.gate_choice, record.drafted, sum(record.commit_lens), record.seconds)
         survival = record.confidence.cumprod(dim=1) if record.confidence is not None else None
         if survival is not None and record.drafted:
             self.survival_prior.observe(survival)

@@ -232,6 +232,7 @@ class DSparkWorker(DSparkWorkerV2):
                 confidence=planner.last_confidence if drafted else None,
                 default_verify_len=int(self.verify_num_draft_tokens),
                 drafted=drafted,
+                gate_choice=planner.step_choice if is_decode and self._draft_gate_on else None,
             ):
                 planner.observe_step(record)
         return result

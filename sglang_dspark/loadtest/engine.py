@@ -332,6 +332,48 @@ def _reason_delta(after: dict | None, before: dict | None) -> dict | None:
     return {reason: count for reason, count in delta.items() if count}
 
 
+class LevelRun:
+    """One load level against one server, run in one or more rounds (the runner interleaves other servers' rounds
+    between them): the server's admission counters are read before the first round and after the last, the rounds'
+    request outputs are pooled and their durations add up, so the level's numbers are those of all its requests
+    over the time this server spent on them."""
+
+    def __init__(self, base_url: str, snapshot_func: Callable[[], dict] | None = None) -> None:
+        self.base_url = base_url
+        self.snapshot_func = snapshot_func or (lambda: server_snapshot(base_url))
+        self.before = self.snapshot_func()
+        self.outputs: list = []
+        self.duration = 0.0
+
+    def run_round(self, prompts: Sequence[str], *, concurrency: int | None, max_tokens: int,
+                  request_rate: float = math.inf, temperature: float = 0.0, model: str = "default",
+                  request_timeout: float = 300.0, level_timeout: float = 600.0,
+                  request_func: RequestFunc | None = None, pbar=None) -> int:
+        """Send one round's prompts (a closed loop at ``concurrency``); returns how many completed."""
+        outputs, duration = asyncio.run(
+            run_requests(
+                f"{self.base_url}/v1/chat/completions", model, prompts, max_tokens=max_tokens,
+                concurrency=concurrency, request_rate=request_rate, temperature=temperature,
+                request_timeout=request_timeout, level_timeout=level_timeout, request_func=request_func, pbar=pbar,
+            )
+        )
+        self.outputs.extend(outputs)
+        self.duration += duration
+        return sum(1 for output in outputs if output.success)
+
+    def result(self, tokenizer=None) -> dict:
+        after = self.snapshot_func()
+        result = level_metrics(self.outputs, self.duration, tokenizer)
+        admission = admission_delta(self.before.get("dspark_admission"), after.get("dspark_admission"))
+        if admission is not None:
+            result["admission"] = admission
+            if result.get("accept_length") is None:
+                result["accept_length"] = admission["mean_accept_len"]
+        if after.get("avg_spec_accept_length") is not None:
+            result["server_lifetime_accept_length"] = after["avg_spec_accept_length"]
+        return result
+
+
 def measure_level(
     base_url: str,
     prompts: Sequence[str],
@@ -348,24 +390,10 @@ def measure_level(
     snapshot_func: Callable[[], dict] | None = None,
     pbar=None,
 ) -> dict:
-    """One load level against one server, synchronously: requests, metrics and the server-side admission delta
+    """One load level against one server in one round: requests, metrics and the server-side admission delta
     (``snapshot_func``: how to read ``/server_info``; default :func:`server_snapshot` of ``base_url``)."""
-    snapshot_func = snapshot_func or (lambda: server_snapshot(base_url))
-    before = snapshot_func()
-    outputs, duration = asyncio.run(
-        run_requests(
-            f"{base_url}/v1/chat/completions", model, prompts, max_tokens=max_tokens, concurrency=concurrency,
-            request_rate=request_rate, temperature=temperature, request_timeout=request_timeout,
-            level_timeout=level_timeout, request_func=request_func, pbar=pbar,
-        )
-    )
-    after = snapshot_func()
-    result = level_metrics(outputs, duration, tokenizer)
-    admission = admission_delta(before.get("dspark_admission"), after.get("dspark_admission"))
-    if admission is not None:
-        result["admission"] = admission
-        if result.get("accept_length") is None:
-            result["accept_length"] = admission["mean_accept_len"]
-    if after.get("avg_spec_accept_length") is not None:
-        result["server_lifetime_accept_length"] = after["avg_spec_accept_length"]
-    return result
+    level = LevelRun(base_url, snapshot_func)
+    level.run_round(prompts, concurrency=concurrency, max_tokens=max_tokens, request_rate=request_rate,
+                    temperature=temperature, model=model, request_timeout=request_timeout,
+                    level_timeout=level_timeout, request_func=request_func, pbar=pbar)
+    return level.result(tokenizer)

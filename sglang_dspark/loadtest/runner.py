@@ -8,9 +8,11 @@ Two ways to point it at servers:
   the stock ``python -m sglang.launch_server`` on 127.0.0.1 and stops it by PID at the end.
 
 Levels are interleaved: level 1 runs on every server, then level 2 on every server (each level starting from the
-next server in turn), and so on. A machine whose speed drifts over minutes (a shared CPU does, by ±10 %) then shifts
-every configuration of a level alike instead of whichever ran during a slow spell, so the ratios compare like with
-like. Launched servers all start first and wait idle (``--sleep-on-idle``) between their turns; on a GPU, or with
+next server in turn), and so on; within a level, its prompts are sent in rounds (``--rounds``; by default rounds of
+at least two waves of the level's concurrency, up to 4) that take turns across the servers, each round starting from
+the next server. A machine whose speed drifts over minutes (a shared CPU does, by ±10 %) then shifts every
+configuration of a level alike instead of whichever ran during a slow spell, so the ratios compare like with
+like; a level's numbers pool its rounds (all its requests over the time the server spent on them). Launched servers all start first and wait idle (``--sleep-on-idle``) between their turns; on a GPU, or with
 ``--one-at-a-time``, they run one after another instead (servers cannot share one GPU's memory).
 
 Examples::
@@ -225,30 +227,22 @@ class SweepTarget:
     server: object = None  # a launched server (its log tail goes into the error)
 
 
-def _measure_level(target: SweepTarget, level: dict, prompts: list[str], args, request_func, snapshot_func):
-    """One level against one server, appended to its entry; returns why the server is gone (None: it is not)."""
+def _run_round(target: SweepTarget, run: "engine.LevelRun", level: dict, prompts: list[str], round_label: str,
+               args, request_func):
+    """One round of a level against one server; returns why the server is gone (None: it is not)."""
     from tqdm import tqdm
 
-    desc = f"{target.label} {report.level_key(level)}"
+    desc = f"{target.label} {report.level_key(level)}{round_label}"
     with tqdm(total=len(prompts), desc=desc, unit="req", leave=False, disable=args.quiet, file=sys.stderr) as pbar:
-        metrics = engine.measure_level(
-            target.info.url, prompts, concurrency=level.get("concurrency"),
-            request_rate=level.get("request_rate") or math.inf, max_tokens=args.max_tokens,
-            temperature=level.get("temperature", args.temperature[0]), model=target.info.model,
-            tokenizer=target.tokenizer, request_timeout=args.request_timeout, level_timeout=args.level_timeout,
-            request_func=request_func, snapshot_func=snapshot_func, pbar=pbar,
+        completed = run.run_round(
+            prompts, concurrency=level.get("concurrency"), request_rate=level.get("request_rate") or math.inf,
+            max_tokens=args.max_tokens, temperature=level.get("temperature", args.temperature[0]),
+            model=target.info.model, request_timeout=args.request_timeout, level_timeout=args.level_timeout,
+            request_func=request_func, pbar=pbar,
         )
-    target.entry["levels"].append({**level, "prompts": len(prompts), **metrics})
-    if not args.quiet:
-        print(
-            f"  {desc}: {metrics.get('output_tok_s') or 0:.1f} tok/s, per-user "
-            f"{metrics.get('per_user_tok_s') or 0:.1f} tok/s, accept "
-            f"{metrics.get('accept_length') or float('nan'):.2f}, {metrics['completed']}/{metrics['requests']} ok",
-            file=sys.stderr,
-        )
-    if metrics["completed"] == 0 and not target.alive():
+    if completed == 0 and not target.alive():
         return f"the server stopped during {report.level_key(level)}"
-    if metrics["completed"] == 0 and request_func is None:
+    if completed == 0 and request_func is None:
         try:
             requests.get(f"{target.info.url}/health", timeout=10).raise_for_status()
         except requests.RequestException as exc:
@@ -256,25 +250,64 @@ def _measure_level(target: SweepTarget, level: dict, prompts: list[str], args, r
     return None
 
 
+def _finish_level(target: SweepTarget, run: "engine.LevelRun", level: dict, prompts: list[str], args) -> None:
+    metrics = run.result(target.tokenizer)
+    target.entry["levels"].append({**level, "prompts": len(prompts), **metrics})
+    if not args.quiet:
+        print(
+            f"  {target.label} {report.level_key(level)}: {metrics.get('output_tok_s') or 0:.1f} tok/s, per-user "
+            f"{metrics.get('per_user_tok_s') or 0:.1f} tok/s, accept "
+            f"{metrics.get('accept_length') or float('nan'):.2f}, {metrics['completed']}/{metrics['requests']} ok",
+            file=sys.stderr,
+        )
+
+
 def level_order(num_targets: int, level_index: int) -> list[int]:
-    """The servers' turn at a level: level ``i`` starts from server ``i mod n`` (no server always goes first)."""
+    """The servers' turn at a level (or round): turn ``i`` starts from server ``i mod n`` (no server always goes
+    first)."""
     return [(level_index + k) % num_targets for k in range(num_targets)]
+
+
+def level_rounds(args, level: dict, num_prompts: int) -> int:
+    """How many rounds a level is split into. ``--rounds N``; by default (auto) rounds of at least two waves of
+    the level's concurrency (a round drains its requests before the next server's turn), at most 4 rounds."""
+    if args.rounds is not None:
+        return max(1, min(int(args.rounds), num_prompts))
+    concurrency = level.get("concurrency") or args.max_concurrency or 1
+    return max(1, min(4, num_prompts // (2 * concurrency)))
+
+
+def split_rounds(prompts: list[str], rounds: int) -> list[list[str]]:
+    """Contiguous, near-equal chunks (the level's outputs stay in prompt order when the rounds are pooled)."""
+    bounds = [round(k * len(prompts) / rounds) for k in range(rounds + 1)]
+    return [prompts[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def sweep_interleaved(targets: list[SweepTarget], levels: list[dict], level_prompts: list[list[str]], args,
                       request_func=None, snapshot_func=None) -> None:
-    """Every level on every server before the next level (module docstring); a server that went away keeps what it
-    measured and gets no more levels (its entry's ``error`` says why)."""
+    """Every level on every server before the next level, each level in rounds that take turns across the servers
+    (module docstring); a server that went away keeps the levels it finished and gets no more (its entry's
+    ``error`` says why)."""
     for index, (level, prompts) in enumerate(zip(levels, level_prompts)):
-        for position in level_order(len(targets), index):
-            target = targets[position]
-            if target.entry.get("error"):
-                continue
-            reason = _measure_level(target, level, prompts, args, request_func, snapshot_func)
-            if reason:
-                tail = f"\n--- server log tail ---\n{target.server.log_tail(30)}" if target.server else ""
-                target.entry["error"] = reason + tail
-                print(f"[loadtest] {target.label}: {reason}", file=sys.stderr)
+        chunks = split_rounds(prompts, level_rounds(args, level, len(prompts)))
+        runs: dict[int, engine.LevelRun] = {}
+        for round_index, chunk in enumerate(chunks):
+            round_label = f" round {round_index + 1}/{len(chunks)}" if len(chunks) > 1 else ""
+            for position in level_order(len(targets), index + round_index):
+                target = targets[position]
+                if target.entry.get("error"):
+                    continue
+                if position not in runs:
+                    runs[position] = engine.LevelRun(
+                        target.info.url, snapshot_func or (lambda url=target.info.url: engine.server_snapshot(url)))
+                reason = _run_round(target, runs[position], level, chunk, round_label, args, request_func)
+                if reason or round_index == len(chunks) - 1:
+                    # Its last round (or it went away: what it measured stays): read its counters now.
+                    _finish_level(target, runs.pop(position), level, prompts, args)
+                if reason:
+                    tail = f"\n--- server log tail ---\n{target.server.log_tail(30)}" if target.server else ""
+                    target.entry["error"] = reason + tail
+                    print(f"[loadtest] {target.label}: {reason}", file=sys.stderr)
 
 
 def build_levels(args) -> list[dict]:
@@ -356,6 +389,7 @@ def run(args, argv: list[str]) -> dict:
             "mode": "request_rate" if args.request_rate else "concurrency",
             "levels": levels,
             "prompts_per_level": counts[0] if len(set(counts)) == 1 else counts,
+            "rounds_per_level": [level_rounds(args, level, count) for level, count in zip(levels, counts)],
             "max_tokens": args.max_tokens,
             "temperature": args.temperature,
             "ignore_eos": True,
@@ -600,6 +634,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--max-concurrency", type=int, help="cap on requests in flight in --request-rate mode")
     load.add_argument("--prompts-per-level", type=int,
                       help="requests per level (default 4 x concurrency, at least 8; 32 per rate level)")
+    load.add_argument("--rounds", type=int, help="split each level into this many rounds that take turns across "
+                      "the servers (default: rounds of at least two waves of the level's concurrency, at most 4)")
     load.add_argument("--max-tokens", type=int, default=128, help="tokens generated per request (EOS ignored)")
     load.add_argument("--temperature", type=float, nargs="+", default=[0.0],
                       help="sampling temperature(s); several: every level runs at each, with fresh prompts")

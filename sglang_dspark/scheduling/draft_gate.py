@@ -30,6 +30,14 @@ held for ``steady_spell`` steps before the next pause.
 The skipped-step cost is learned from skipped steps, so until a few have been measured the gate also skips one step
 in ``learn_skip_every`` (a plain decode step: it costs only the drafts it does not verify).
 
+The two throughputs are predictions, and not equally good ones. The drafted one reads the K highest lagged
+survivals, and the largest of many noisy estimates is biased upward (the candidates that look best are, on average,
+the ones overestimated most); its cost is learned from far fewer steps than the plain step's. Near a tie that bias
+decides: a draft that loses 10 % would draft on most steps. :class:`RealizedRatio` keeps, for each kind of step, what
+its steps realized (committed tokens per second) against what was predicted for them, and the gate compares the
+corrected throughputs ``κ_draft · Θ(draft)`` and ``κ_skip · Θ(no draft)``. It only moves the choice between two exact
+steps, never a token.
+
 A request the draft has not drafted for yet has no lagged confidence; upstream's planner reads it as survival 1 (verify
 everything), which is right for the admission of a drafted step but would make every arriving request restart
 drafting (and reset the probe back-off) however weak the draft has proved. :class:`SurvivalPrior` gives the gate the
@@ -42,7 +50,7 @@ never drafted has no prior, and drafts ("no-info").
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Union
 
 import torch
@@ -51,8 +59,8 @@ from sglang_dspark.scheduling.admission import _reachable_path_throughput
 from sglang_dspark.scheduling.cost_model import StepCostModel
 
 __all__ = [
-    "GATE_MODES", "DraftChoice", "DraftGate", "GateDecision", "FlatCost", "SurvivalPrior", "sanitize_survival",
-    "should_draft",
+    "GATE_MODES", "DraftChoice", "DraftGate", "GateDecision", "FlatCost", "RealizedRatio", "SurvivalPrior",
+    "sanitize_survival", "should_draft",
 ]
 
 # auto: the cost decision below; off: draft every step (the behaviour before the gate); pause: never draft;
@@ -115,6 +123,47 @@ class SurvivalPrior:
         return filled
 
 
+class RealizedRatio:
+    """Realized ÷ predicted throughput of one kind of step, over that kind's recent steps (module docstring).
+
+    ``observe`` takes a step's predicted tokens and seconds and what it did: committed tokens and measured seconds.
+    The factor is ``(Σ tokens / Σ seconds) / (Σ predicted tokens / Σ predicted seconds)``, every sum weighted by
+    ``2^(−age / half_life)`` (age in steps of this kind), clamped to ``bounds``; 1 until ``min_steps`` steps were seen.
+    A step's seconds count at most ``max_stall`` times their prediction: a stalled step (a page fault, another process
+    on the cores) says nothing about drafting, and would otherwise hold the draft paused until it is forgotten, which
+    while paused only the probes' few steps do."""
+
+    def __init__(self, *, half_life: float = 16.0, min_steps: int = 4, max_stall: float = 4.0,
+                 bounds: tuple[float, float] = (0.25, 4.0)) -> None:
+        if not half_life > 0 or min_steps < 1 or not max_stall >= 1 or not 0 < bounds[0] <= 1 <= bounds[1]:
+            raise ValueError(f"RealizedRatio: bad settings half_life={half_life}, min_steps={min_steps}, "
+                             f"max_stall={max_stall}, bounds={bounds}")
+        self.keep = 0.5 ** (1.0 / half_life)
+        self.min_steps = min_steps
+        self.max_stall = max_stall
+        self.bounds = bounds
+        self.steps = 0
+        self._sums = [0.0, 0.0, 0.0, 0.0]  # predicted tokens, predicted seconds, tokens, seconds
+
+    def observe(self, predicted_tokens: float, predicted_seconds: float, tokens: float, seconds: float) -> bool:
+        values = (predicted_tokens, predicted_seconds, tokens, seconds)
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            return False
+        seconds = min(seconds, self.max_stall * predicted_seconds)
+        self._sums = [self.keep * total + value
+                      for total, value in zip(self._sums, (predicted_tokens, predicted_seconds, tokens, seconds))]
+        self.steps += 1
+        return True
+
+    @property
+    def factor(self) -> float:
+        if self.steps < self.min_steps:
+            return 1.0
+        predicted_tokens, predicted_seconds, tokens, seconds = self._sums
+        ratio = (tokens / seconds) / (predicted_tokens / predicted_seconds)
+        return min(max(ratio, self.bounds[0]), self.bounds[1])
+
+
 @dataclass(frozen=True)
 class DraftChoice:
     draft: bool
@@ -123,6 +172,12 @@ class DraftChoice:
     theta_skip: float  # tokens per second, plain (anchor-only) step
     seconds_draft: float = math.nan  # time of the drafted step with that K
     seconds_skip: float = math.nan  # time of the plain step
+
+    def predicted(self, drafted: bool) -> tuple[float, float]:
+        """(tokens, seconds) predicted for the step as it ran: drafted with this K, or plain."""
+        if drafted:
+            return self.theta_draft * self.seconds_draft, self.seconds_draft
+        return self.theta_skip * self.seconds_skip, self.seconds_skip
 
 
 def should_draft(
@@ -226,6 +281,9 @@ class DraftGate:
         self.resumes = 0
         self.reasons: dict[str, int] = {}
         self.last: Optional[GateDecision] = None
+        # Realized ÷ predicted throughput of drafted and of plain steps (module docstring).
+        self.realized_draft = RealizedRatio()
+        self.realized_skip = RealizedRatio()
 
     # ------------------------------------------------------------------ decision
 
@@ -268,6 +326,9 @@ class DraftGate:
                 return GateDecision(False, "learn-skip")
             return GateDecision(True, "no-info")
         choice = should_draft(survival, cost, seconds_without, num_requests)
+        if self.mode != "comeback":  # the comeback mode's costs are made up: nothing to correct
+            pays = self.realized_draft.factor * choice.theta_draft > self.realized_skip.factor * choice.theta_skip
+            choice = replace(choice, draft=pays)
         if choice.draft:
             if learning and self._drafted_since_skip >= self.learn_skip_every:
                 return GateDecision(False, "learn-skip", choice)
@@ -279,6 +340,14 @@ class DraftGate:
         if self._skipped_since_probe >= max(self.probe_interval, self.cost_bounded_interval(choice)):
             return GateDecision(True, "probe", choice)
         return GateDecision(False, "pause", choice)
+
+    def observe_outcome(self, choice: Optional[DraftChoice], drafted: bool, tokens: int, seconds: float) -> None:
+        """What a step the gate decided with ``choice`` realized: its committed tokens and measured seconds."""
+        if choice is None or seconds is None:
+            return
+        predicted_tokens, predicted_seconds = choice.predicted(drafted)
+        (self.realized_draft if drafted else self.realized_skip).observe(
+            predicted_tokens, predicted_seconds, float(tokens), float(seconds))
 
     def cost_bounded_interval(self, choice: Optional[DraftChoice]) -> int:
         """Skipped steps per probe that keep the probes' extra cost within ``probe_share`` of the time."""
@@ -332,4 +401,6 @@ class DraftGate:
             "probes": self.reasons.get("probe", 0),
             "probe_interval": self.probe_interval,
             "reasons": dict(self.reasons),
+            "realized_vs_predicted": {"drafted": round(self.realized_draft.factor, 3),
+                                      "plain": round(self.realized_skip.factor, 3)},
         }

@@ -11,7 +11,7 @@ from sglang_dspark import envs
 from sglang_dspark.engine.step_record import StepRecorder
 from sglang_dspark.scheduling.admission import capacity_from_survival
 from sglang_dspark.scheduling.draft_gate import (
-    GATE_MODES, DraftGate, FlatCost, SurvivalPrior, sanitize_survival, should_draft,
+    GATE_MODES, DraftGate, FlatCost, RealizedRatio, SurvivalPrior, sanitize_survival, should_draft,
 )
 from sglang_dspark.scheduling.stats import AdmissionStats
 
@@ -173,6 +173,86 @@ def test_probes_stay_within_their_share_of_the_time_when_a_drafted_step_is_costl
     assert gate.cost_bounded_interval(None) == 0
     assert DraftGate("auto", max_probe_interval=100).cost_bounded_interval(
         should_draft(LOW, FlatCost(100.0), 0.01)) == 100  # capped
+
+
+def test_realized_ratio_weighs_recent_steps_and_ignores_stalls():
+    ratio = RealizedRatio(half_life=4.0, min_steps=4, max_stall=4.0)
+    for _ in range(3):
+        ratio.observe(2.0, 0.010, 1.0, 0.010)  # half the predicted tokens in the predicted time
+    assert ratio.factor == 1.0  # fewer than min_steps: no correction yet
+    ratio.observe(2.0, 0.010, 1.0, 0.010)
+    assert ratio.factor == pytest.approx(0.5)
+    # Recent steps weigh more: after 8 steps (2 half-lives) that realize their prediction, the factor is
+    # (weights 2^-k) of the old steps: tokens (Σ1·w_old + Σ2·w_new) over predicted tokens (2·Σw) at equal times.
+    for _ in range(8):
+        ratio.observe(2.0, 0.010, 2.0, 0.010)
+    w_new = sum(0.5 ** (k / 4) for k in range(8))
+    w_old = sum(0.5 ** (k / 4) for k in range(8, 12))
+    assert ratio.factor == pytest.approx((w_old + 2 * w_new) / (2 * (w_old + w_new)))
+    # A stalled step (600 s for a 10 ms prediction) counts as 4 predictions, not 60 000.
+    stalled = RealizedRatio(min_steps=1, max_stall=4.0)
+    stalled.observe(2.0, 0.010, 2.0, 600.0)
+    assert stalled.factor == pytest.approx(0.25)
+    assert not stalled.observe(2.0, 0.0, 2.0, 0.01) and not stalled.observe(math.nan, 0.01, 2.0, 0.01)
+    assert RealizedRatio(min_steps=1, bounds=(0.5, 2.0)).factor == 1.0
+    capped = RealizedRatio(min_steps=1, bounds=(0.5, 2.0))
+    capped.observe(1.0, 0.010, 100.0, 0.010)
+    assert capped.factor == 2.0
+    with pytest.raises(ValueError, match="RealizedRatio"):
+        RealizedRatio(bounds=(2.0, 4.0))
+
+
+def _serve(gate, steps, *, survival, cost, skip, realized_tokens, drafted_seconds):
+    """Run the gate for ``steps`` one-request steps; a drafted step commits ``realized_tokens`` in
+    ``drafted_seconds``, a plain one commits 1 token in ``skip`` seconds. Returns (drafted steps, tokens/s)."""
+    drafted = tokens = seconds = 0.0
+    for _ in range(steps):
+        decision = _decide(gate, survival, cost=cost, skip=skip)
+        step_tokens, step_seconds = (realized_tokens, drafted_seconds) if decision.draft else (1, skip)
+        gate.observe_outcome(decision.choice, decision.draft, step_tokens, step_seconds)
+        drafted += decision.draft
+        tokens += step_tokens
+        seconds += step_seconds
+    return drafted, tokens / seconds
+
+
+def test_a_draft_that_realizes_less_than_predicted_is_paused():
+    """The survivals promise 1 + 0.6 + 0.5 + 0.4 = 2.5 tokens per 15 ms drafted step (167 tokens/s against 100 for a
+    10 ms plain step); the steps realize 1.2 tokens (80 tokens/s, a loss of 20 %). Predictions alone draft every step;
+    the realized ratio pauses the draft after its first few steps. 2 000 simulated steps."""
+    promised = torch.tensor([[0.6, 0.5, 0.4]], dtype=torch.float64)
+    serve = dict(survival=promised, cost=FlatCost(0.015), skip=0.010, realized_tokens=1.2, drafted_seconds=0.015)
+    gate = DraftGate("auto")
+    drafted, throughput = _serve(gate, 2000, **serve)
+    assert gate.realized_draft.factor == pytest.approx(80 / 166.67, rel=0.01)
+    assert drafted <= 2000 / 64 + 10  # the probes and the first steps only
+    assert throughput >= 0.98 * 100
+    # Without the correction (the factors held at 1) the same draft drafts every step and loses 20 %.
+    blind = DraftGate("auto")
+    blind.realized_draft.min_steps = blind.realized_skip.min_steps = 10**9
+    drafted, throughput = _serve(blind, 2000, **serve)
+    assert drafted >= 0.9 * 2000 and throughput == pytest.approx(80, rel=0.05)
+
+
+def test_a_draft_that_realizes_its_prediction_keeps_drafting():
+    """Same promise, realized (2.5 tokens per 15 ms: +67 %): the correction stays at 1 and drafting holds; a draft that
+    realizes more than predicted (a promise of 0.8 tokens/step that turns out 1.6) comes back although the
+    prediction alone says pause."""
+    promised = torch.tensor([[0.6, 0.5, 0.4]], dtype=torch.float64)
+    gate = DraftGate("auto")
+    drafted, throughput = _serve(gate, 500, survival=promised, cost=FlatCost(0.015), skip=0.010,
+                                 realized_tokens=2.5, drafted_seconds=0.015)
+    assert gate.realized_draft.factor == pytest.approx(1.0)
+    assert drafted >= 0.9 * 500 and throughput >= 160
+    modest = torch.tensor([[0.4, 0.3, 0.1]], dtype=torch.float64)  # promises 1.8 tokens per 15 ms: 120 vs 100/s
+    gate = DraftGate("auto")
+    serve = dict(survival=modest, cost=FlatCost(0.02), skip=0.010, realized_tokens=3.0, drafted_seconds=0.02)
+    # Predicted 90/s: paused; the probes (at most one per 50 steps: a probe costs twice a plain step, 2 % share)
+    # learn the realized 150/s.
+    _serve(gate, 400, **serve)
+    assert gate.realized_draft.factor > 1.5 and gate.resumes >= 1
+    drafted, _ = _serve(gate, 500, **serve)
+    assert drafted >= 0.9 * 500
 
 
 def test_survival_prior_is_the_running_population_mean():
@@ -393,3 +473,28 @@ def test_a_step_the_gate_skips_runs_no_capacity_search():
     assert budget(draft) == 5 and CountingPolicy.searches == 1 and draft.gate_decision.draft and len(seen) == 2
     draft.decide_draft = None  # not a gated step: no decision, the search runs
     assert budget(draft) == 5 and draft.gate_decision is None and CountingPolicy.searches == 2
+
+
+def test_each_step_outcome_reaches_the_gate_with_the_choice_it_was_decided_with():
+    """Worker → StepRecorder → planner.observe_step → DraftGate.observe_outcome: the record carries the step's
+    DraftChoice, and the gate holds the committed tokens and measured seconds against that choice's prediction."""
+    from sglang_dspark.engine.planner import AdmissionVerifyPlanner
+
+    choice = should_draft(HIGH, FlatCost(0.02), 0.01)  # predicts 3.94 tokens in 20 ms drafted, 1 in 10 ms plain
+    recorder = StepRecorder("cpu", clock=iter([0.0, 0.040]).__next__)
+    recorder.start()
+    (record,) = recorder.finish(accept_lens=torch.tensor([2]), cap_lens=torch.tensor([4]), confidence=None,
+                                default_verify_len=4, drafted=True, gate_choice=choice)
+    assert record.gate_choice is choice and record.seconds == pytest.approx(0.040)
+    planner = AdmissionVerifyPlanner.__new__(AdmissionVerifyPlanner)
+    planner.step_cost = None
+    planner.draft_gate = DraftGate("auto")
+    planner.draft_gate.realized_draft.min_steps = 1
+    planner.survival_prior = SurvivalPrior()
+    planner._stats_error_logged = False
+    planner.observe_step(record)
+    # Realized 2 tokens / 40 ms = 50/s against a predicted 3.94 / 20 ms = 197/s.
+    assert planner.draft_gate.realized_draft.factor == pytest.approx(50 / 197, rel=1e-3)
+    assert planner.draft_gate.realized_skip.steps == 0
+    assert planner.draft_gate.summary()["realized_vs_predicted"] == {"drafted": pytest.approx(0.254, abs=1e-3),
+                                                                     "plain": 1.0}

@@ -401,6 +401,46 @@ def test_levels_are_interleaved_across_servers_each_level_starting_from_the_next
     assert all(len(config["levels"]) == 3 for config in result["configs"])
 
 
+def test_a_level_runs_in_rounds_that_take_turns_and_pool_into_one_level(serving, monkeypatch, tmp_path):
+    """Rounds within a level: 8 prompts at c = 2 on two servers make 2 rounds (two waves each, the default) taking
+    turns 1 2 | 2 1; each server's level pools its 8 requests, in prompt order, over the two rounds' time."""
+    log = []
+    monkeypatch.setattr(serving, "async_request_openai_chat_completions", fake_request_func(log))
+    monkeypatch.setattr(runner, "probe_server", lambda url, model=None: runner.ServerInfo(url=url, model="m"))
+    monkeypatch.setattr(runner, "warm_up", lambda info, timeout: None)
+    snapshots = []
+    monkeypatch.setattr(engine, "server_snapshot", lambda url, timeout=30.0: snapshots.append(url) or {})
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    out = tmp_path / "out"
+    rc = runner.main(["--url", *urls, "--concurrency", "2", "--prompts-per-level", "8", "--max-tokens", "4",
+                      "--output-dir", str(out), "--quiet"])
+    assert rc == 0
+    turns = []
+    for api_url, _, _, _ in log:
+        server = urls.index(api_url.removesuffix("/v1/chat/completions")) + 1
+        if not turns or turns[-1] != server:
+            turns.append(server)
+    assert turns == [1, 2, 1]  # round 1: server 1 then 2; round 2: server 2 (still its turn) then 1
+    prompts = {url: [prompt for api, prompt, _, _ in log if api.startswith(url)] for url in urls}
+    assert prompts[urls[0]] == prompts[urls[1]] and len(set(prompts[urls[0]])) == 8
+    result = json.loads((out / "loadtest.json").read_text())
+    assert result["settings"]["rounds_per_level"] == [2]
+    for config in result["configs"]:
+        (level,) = config["levels"]
+        assert level["requests"] == level["completed"] == 8 and level["prompts"] == 8
+    # Digests in prompt order across the rounds: server 2's answers differ exactly where the fake makes them differ.
+    expected_same = sum(not runner_even for runner_even in map(_even_tail, prompts[urls[0]]))
+    assert [c["levels"][0]["same_output"] for c in result["configs"]] == [[8, 8], [expected_same, 8]]
+    # Admission counters: read once before a server's first round and once after its last (not per round).
+    assert sorted(snapshots) == sorted(urls * 2)
+    args = runner.build_parser().parse_args(["--quiet"])
+    assert [runner.level_rounds(args, {"concurrency": c}, n) for c, n in [(1, 8), (4, 16), (64, 256), (4, 4)]] == [
+        4, 2, 2, 1]
+    args = runner.build_parser().parse_args(["--quiet", "--rounds", "3"])
+    assert runner.level_rounds(args, {"concurrency": 1}, 2) == 2
+    assert runner.split_rounds(list("abcdefg"), 3) == [["a", "b"], ["c", "d", "e"], ["f", "g"]]
+
+
 def test_room_for_another_server_counts_the_last_ones_footprint():
     gib = 1 << 30
     assert runner.room_for_another_server(10 * gib, 8 * gib)  # 2 GiB used, 8 left: 2.5 + 1 fits
@@ -416,12 +456,20 @@ def test_a_server_that_dies_keeps_its_levels_and_the_others_go_on(monkeypatch):
     args = runner.build_parser().parse_args(["--quiet"])
     calls = []
 
-    def fake_measure(url, prompts, **kwargs):
-        calls.append((url, prompts[0]))
-        dead = url == "http://dead" and prompts[0] != "a"
-        return {"completed": 0 if dead else 1, "requests": 1}
+    class FakeLevelRun:
+        def __init__(self, url, snapshot_func=None):
+            self.url, self.completed = url, 0
 
-    monkeypatch.setattr(engine, "measure_level", fake_measure)
+        def run_round(self, prompts, **kwargs):
+            calls.append((self.url, prompts[0]))
+            dead = self.url == "http://dead" and prompts[0] != "a"
+            self.completed += 0 if dead else 1
+            return 0 if dead else 1
+
+        def result(self, tokenizer=None):
+            return {"completed": self.completed, "requests": 1}
+
+    monkeypatch.setattr(engine, "LevelRun", FakeLevelRun)
     alive = {"http://dead": lambda: False, "http://ok": lambda: True}
     targets = [runner.SweepTarget(runner.ServerInfo(url=u, model="m"), u, {"levels": []}, None, alive[u])
                for u in ("http://dead", "http://ok")]

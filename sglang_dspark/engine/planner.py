@@ -381,7 +381,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             overhead = self.step_overhead if record.drafted else self.skip_overhead
             overhead.observe(num_requests, record.seconds, verify_seconds)
         if self.draft_gate is not None and record.gate_choice is not None and record.seconds is not None:
-            self.draft_gate.observe_outcome(record.gate_choice, record.drafted, sum(record.commit_lens), record.seconds)
+            self.draft_gate.observe_outcome(record.gate_choice, record.drafted, sum(record.commit_lens), record.seconds,
+                                            num_requests)
         survival = record.confidence.cumprod(dim=1) if record.confidence is not None else None
         if survival is not None and record.drafted:
             self.survival_prior.observe(survival)

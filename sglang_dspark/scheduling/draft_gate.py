@@ -32,11 +32,15 @@ in ``learn_skip_every`` (a plain decode step: it costs only the drafts it does n
 
 The two throughputs are predictions, and not equally good ones. The drafted one reads the K highest lagged
 survivals, and the largest of many noisy estimates is biased upward (the candidates that look best are, on average,
-the ones overestimated most); its cost is learned from far fewer steps than the plain step's. Near a tie that bias
-decides: a draft that loses 10 % would draft on most steps. :class:`RealizedRatio` keeps, for each kind of step, what
-its steps realized (committed tokens per second) against what was predicted for them, and the gate compares the
-corrected throughputs ``κ_draft · Θ(draft)`` and ``κ_skip · Θ(no draft)``. It only moves the choice between two exact
-steps, never a token.
+the ones overestimated most); a low reading is as biased the other way, and pauses a draft that pays; its cost is
+learned from far fewer steps than the plain step's. Near a tie those biases decide. So the gate holds its
+predictions against what steps realized: :class:`RealizedTokens` fits the committed tokens per request of drafted
+steps against their prediction (a line, so it corrects high and low readings alike), and :class:`RealizedSeconds`
+the measured against the predicted seconds of each kind of step; the gate compares
+
+    Θ'(draft) = R · E[committed per request | prediction] / (κ_draft · t_draft)      Θ'(no draft) = R / (κ_skip · t_skip)
+
+It only moves the choice between two exact steps, never a token.
 
 A request the draft has not drafted for yet has no lagged confidence; upstream's planner reads it as survival 1 (verify
 everything), which is right for the admission of a drafted step but would make every arriving request restart
@@ -59,8 +63,8 @@ from sglang_dspark.scheduling.admission import _reachable_path_throughput
 from sglang_dspark.scheduling.cost_model import StepCostModel
 
 __all__ = [
-    "GATE_MODES", "DraftChoice", "DraftGate", "GateDecision", "FlatCost", "RealizedRatio", "SurvivalPrior",
-    "sanitize_survival", "should_draft",
+    "GATE_MODES", "DraftChoice", "DraftGate", "GateDecision", "FlatCost", "RealizedSeconds", "RealizedTokens",
+    "SurvivalPrior", "sanitize_survival", "should_draft",
 ]
 
 # auto: the cost decision below; off: draft every step (the behaviour before the gate); pause: never draft;
@@ -123,45 +127,102 @@ class SurvivalPrior:
         return filled
 
 
-class RealizedRatio:
-    """Realized ÷ predicted throughput of one kind of step, over that kind's recent steps (module docstring).
+class _Forgetting:
+    """Exponentially weighted sums: each new observation weighs 1, one ``half_life`` observations ago 1/2."""
 
-    ``observe`` takes a step's predicted tokens and seconds and what it did: committed tokens and measured seconds.
-    The factor is ``(Σ tokens / Σ seconds) / (Σ predicted tokens / Σ predicted seconds)``, every sum weighted by
-    ``2^(−age / half_life)`` (age in steps of this kind), clamped to ``bounds``; 1 until ``min_steps`` steps were seen.
-    A step's seconds count at most ``max_stall`` times their prediction: a stalled step (a page fault, another process
-    on the cores) says nothing about drafting, and would otherwise hold the draft paused until it is forgotten, which
-    while paused only the probes' few steps do."""
+    def __init__(self, half_life: float, size: int) -> None:
+        if not half_life > 0:
+            raise ValueError(f"half_life must be > 0, got {half_life}")
+        self.keep = 0.5 ** (1.0 / half_life)
+        self.sums = [0.0] * size
+        self.steps = 0
+
+    def add(self, *values: float) -> None:
+        self.sums = [self.keep * total + value for total, value in zip(self.sums, values)]
+        self.steps += 1
+
+
+class RealizedSeconds:
+    """Measured ÷ predicted seconds of one kind of step, over that kind's recent steps (module docstring).
+
+    ``Σ seconds / Σ predicted seconds``, weighted by ``2^(−age / half_life)`` (age in steps of this kind), clamped to
+    ``bounds``; 1 until ``min_steps`` steps were seen. A step's seconds count at most ``max_stall`` times their
+    prediction: a stalled step (a page fault, another process on the cores) says nothing about drafting, and would
+    otherwise hold the draft paused until forgotten, which while paused only the probes' few steps do."""
 
     def __init__(self, *, half_life: float = 16.0, min_steps: int = 4, max_stall: float = 4.0,
                  bounds: tuple[float, float] = (0.25, 4.0)) -> None:
-        if not half_life > 0 or min_steps < 1 or not max_stall >= 1 or not 0 < bounds[0] <= 1 <= bounds[1]:
-            raise ValueError(f"RealizedRatio: bad settings half_life={half_life}, min_steps={min_steps}, "
-                             f"max_stall={max_stall}, bounds={bounds}")
-        self.keep = 0.5 ** (1.0 / half_life)
+        if min_steps < 1 or not max_stall >= 1 or not 0 < bounds[0] <= 1 <= bounds[1]:
+            raise ValueError(f"RealizedSeconds: bad settings min_steps={min_steps}, max_stall={max_stall}, "
+                             f"bounds={bounds}")
+        self._sums = _Forgetting(half_life, 2)  # predicted seconds, measured seconds
         self.min_steps = min_steps
         self.max_stall = max_stall
         self.bounds = bounds
-        self.steps = 0
-        self._sums = [0.0, 0.0, 0.0, 0.0]  # predicted tokens, predicted seconds, tokens, seconds
 
-    def observe(self, predicted_tokens: float, predicted_seconds: float, tokens: float, seconds: float) -> bool:
-        values = (predicted_tokens, predicted_seconds, tokens, seconds)
-        if not all(math.isfinite(v) and v > 0 for v in values):
+    @property
+    def steps(self) -> int:
+        return self._sums.steps
+
+    def observe(self, predicted_seconds: float, seconds: float) -> bool:
+        if not all(math.isfinite(v) and v > 0 for v in (predicted_seconds, seconds)):
             return False
-        seconds = min(seconds, self.max_stall * predicted_seconds)
-        self._sums = [self.keep * total + value
-                      for total, value in zip(self._sums, (predicted_tokens, predicted_seconds, tokens, seconds))]
-        self.steps += 1
+        self._sums.add(predicted_seconds, min(seconds, self.max_stall * predicted_seconds))
         return True
 
     @property
     def factor(self) -> float:
         if self.steps < self.min_steps:
             return 1.0
-        predicted_tokens, predicted_seconds, tokens, seconds = self._sums
-        ratio = (tokens / seconds) / (predicted_tokens / predicted_seconds)
-        return min(max(ratio, self.bounds[0]), self.bounds[1])
+        predicted, measured = self._sums.sums
+        return min(max(measured / predicted, self.bounds[0]), self.bounds[1])
+
+
+class RealizedTokens:
+    """What drafted steps commit per request given what was predicted for them: ``E[y | x]``, fitted on recent
+    drafted steps (``x``: predicted committed tokens per request, ``1 + Σ a`` of the gate's K; ``y``: committed).
+
+    A weighted least-squares line through the recent steps, ``E[y | x] = ȳ + β (x − x̄)`` (weights
+    ``2^(−age / half_life)``). The gate drafts where the prediction is high, and a line fitted on the steps it
+    selected is still the conditional mean at each ``x`` (selecting on the regressor does not bias the regression);
+    the ratio of sums it replaces is not: drafted steps are those whose predictions read high, so it read every
+    prediction low, and a pause, decided on a low reading, is never corrected by it. ``β`` is shrunk toward 1
+    (predictions as they are) by ``shrink``, in the units of ``Σ w (x − x̄)²``: with little spread in ``x`` (while
+    paused, every prediction is the population prior) the fit corrects the level only; ``β`` stays within [0, 1]
+    (a higher prediction never predicts fewer tokens, nor more than it says). Before ``min_steps`` drafted steps,
+    the prediction stands."""
+
+    def __init__(self, *, half_life: float = 32.0, min_steps: int = 4, shrink: float = 0.5) -> None:
+        if min_steps < 1 or not shrink > 0:
+            raise ValueError(f"RealizedTokens: bad settings min_steps={min_steps}, shrink={shrink}")
+        self._sums = _Forgetting(half_life, 5)  # w, Σwx, Σwy, Σwx², Σwxy
+        self.min_steps = min_steps
+        self.shrink = shrink
+
+    @property
+    def steps(self) -> int:
+        return self._sums.steps
+
+    def observe(self, predicted: float, realized: float) -> bool:
+        if not all(math.isfinite(v) and v > 0 for v in (predicted, realized)):
+            return False
+        self._sums.add(1.0, predicted, realized, predicted * predicted, predicted * realized)
+        return True
+
+    def line(self) -> tuple[float, float, float]:
+        """(x̄, ȳ, β) of the current fit."""
+        w, sx, sy, sxx, sxy = self._sums.sums
+        x_mean, y_mean = sx / w, sy / w
+        spread = max(sxx - w * x_mean * x_mean, 0.0)
+        covariance = sxy - w * x_mean * y_mean
+        slope = (covariance + self.shrink) / (spread + self.shrink)
+        return x_mean, y_mean, min(max(slope, 0.0), 1.0)
+
+    def expected(self, predicted: float) -> float:
+        if self.steps < self.min_steps:
+            return predicted
+        x_mean, y_mean, slope = self.line()
+        return max(1.0, y_mean + slope * (predicted - x_mean))  # a step commits at least its anchor
 
 
 @dataclass(frozen=True)
@@ -173,11 +234,10 @@ class DraftChoice:
     seconds_draft: float = math.nan  # time of the drafted step with that K
     seconds_skip: float = math.nan  # time of the plain step
 
-    def predicted(self, drafted: bool) -> tuple[float, float]:
-        """(tokens, seconds) predicted for the step as it ran: drafted with this K, or plain."""
-        if drafted:
-            return self.theta_draft * self.seconds_draft, self.seconds_draft
-        return self.theta_skip * self.seconds_skip, self.seconds_skip
+    @property
+    def tokens_draft(self) -> float:
+        """Committed tokens predicted for the drafted step with this K (anchors included)."""
+        return self.theta_draft * self.seconds_draft
 
 
 def should_draft(
@@ -281,9 +341,10 @@ class DraftGate:
         self.resumes = 0
         self.reasons: dict[str, int] = {}
         self.last: Optional[GateDecision] = None
-        # Realized ÷ predicted throughput of drafted and of plain steps (module docstring).
-        self.realized_draft = RealizedRatio()
-        self.realized_skip = RealizedRatio()
+        # What steps realized against their predictions (module docstring).
+        self.realized_tokens = RealizedTokens()
+        self.draft_seconds = RealizedSeconds()
+        self.skip_seconds = RealizedSeconds()
 
     # ------------------------------------------------------------------ decision
 
@@ -327,8 +388,8 @@ class DraftGate:
             return GateDecision(True, "no-info")
         choice = should_draft(survival, cost, seconds_without, num_requests)
         if self.mode != "comeback":  # the comeback mode's costs are made up: nothing to correct
-            pays = self.realized_draft.factor * choice.theta_draft > self.realized_skip.factor * choice.theta_skip
-            choice = replace(choice, draft=pays)
+            choice = replace(choice, draft=self.corrected_draft_throughput(choice, num_requests)
+                             > self.corrected_skip_throughput(choice, num_requests))
         if choice.draft:
             if learning and self._drafted_since_skip >= self.learn_skip_every:
                 return GateDecision(False, "learn-skip", choice)
@@ -341,13 +402,28 @@ class DraftGate:
             return GateDecision(True, "probe", choice)
         return GateDecision(False, "pause", choice)
 
-    def observe_outcome(self, choice: Optional[DraftChoice], drafted: bool, tokens: int, seconds: float) -> None:
+    def corrected_draft_throughput(self, choice: DraftChoice, num_requests: int) -> float:
+        """Θ'(draft): the prediction's committed tokens read through the fit, its seconds through the ratio."""
+        if not (choice.seconds_draft > 0 and math.isfinite(choice.seconds_draft)) or num_requests <= 0:
+            return choice.theta_draft
+        per_request = self.realized_tokens.expected(choice.tokens_draft / num_requests)
+        return num_requests * per_request / (self.draft_seconds.factor * choice.seconds_draft)
+
+    def corrected_skip_throughput(self, choice: DraftChoice, num_requests: int) -> float:
+        if not (choice.seconds_skip > 0 and math.isfinite(choice.seconds_skip)) or num_requests <= 0:
+            return choice.theta_skip
+        return num_requests / (self.skip_seconds.factor * choice.seconds_skip)
+
+    def observe_outcome(self, choice: Optional[DraftChoice], drafted: bool, tokens: int, seconds: float,
+                        num_requests: int) -> None:
         """What a step the gate decided with ``choice`` realized: its committed tokens and measured seconds."""
-        if choice is None or seconds is None:
+        if choice is None or seconds is None or num_requests <= 0:
             return
-        predicted_tokens, predicted_seconds = choice.predicted(drafted)
-        (self.realized_draft if drafted else self.realized_skip).observe(
-            predicted_tokens, predicted_seconds, float(tokens), float(seconds))
+        if drafted:
+            self.realized_tokens.observe(choice.tokens_draft / num_requests, tokens / num_requests)
+            self.draft_seconds.observe(choice.seconds_draft, float(seconds))
+        else:
+            self.skip_seconds.observe(choice.seconds_skip, float(seconds))
 
     def cost_bounded_interval(self, choice: Optional[DraftChoice]) -> int:
         """Skipped steps per probe that keep the probes' extra cost within ``probe_share`` of the time."""
@@ -389,6 +465,15 @@ class DraftGate:
 
     # ------------------------------------------------------------------ reading
 
+    def _realized_summary(self) -> dict:
+        summary = {"drafted_seconds": round(self.draft_seconds.factor, 3),
+                   "plain_seconds": round(self.skip_seconds.factor, 3), "drafted_steps": self.realized_tokens.steps}
+        if self.realized_tokens.steps > 0:
+            x_mean, y_mean, slope = self.realized_tokens.line()
+            summary.update(predicted_tokens_per_request=round(x_mean, 3), committed_tokens_per_request=round(y_mean, 3),
+                           slope=round(slope, 3))
+        return summary
+
     def summary(self) -> dict:
         return {
             "mode": self.mode,
@@ -401,6 +486,5 @@ class DraftGate:
             "probes": self.reasons.get("probe", 0),
             "probe_interval": self.probe_interval,
             "reasons": dict(self.reasons),
-            "realized_vs_predicted": {"drafted": round(self.realized_draft.factor, 3),
-                                      "plain": round(self.realized_skip.factor, 3)},
+            "realized_vs_predicted": self._realized_summary(),
         }

@@ -586,12 +586,24 @@ def test_signed_overhead_corrects_a_table_that_reads_too_slow():
     assert unsigned.seconds(1) == 0.0  # the admission default keeps its clamp
 
 
+def test_step_overhead_a_fresh_servers_warm_up_stalls_do_not_stick():
+    """A fresh server's first steps (measured: 2.49, 1.77, 1.16, 0.99, 0.65 s, then 75-119 ms drafted steps) start the
+    estimate at a typical step, not at the fifth-slowest (the median start read 119 ms, 40 ms too dear, and the gate
+    paused a draft that paid until enough probes had corrected it)."""
+    from sglang_dspark.profiler.step_overhead import StepOverhead
+
+    overhead = StepOverhead(signed=True)
+    for seconds in (2.49, 1.77, 1.16, 0.99, 0.65, 0.075, 0.080, 0.073, 0.087, 0.119):
+        overhead.observe(1, seconds, 0.050)
+    assert overhead.seconds(1) == pytest.approx(0.080 - 0.050)
+
+
 def test_step_overhead_a_stalled_first_step_does_not_stick():
-    """A bucket's first measured step stalled (600 s against 30 ms steps): the median start drops it on the next
+    """A bucket's first measured step stalled (600 s against 30 ms steps): the quartile start drops it on the next
     step, where a mean or a bounded moving average from it would read seconds for thousands of steps."""
     from sglang_dspark.profiler.step_overhead import StepOverhead
 
-    overhead = StepOverhead()  # rate 0.1: the median of the first 10 samples, then the moving average
+    overhead = StepOverhead()  # rate 0.1: the lower quartile of the first 10 samples, then the moving average
     overhead.observe(1, 600.0, 0.010)
     assert overhead.seconds(1) > 500  # one sample: all there is
     overhead.observe(1, 0.030, 0.010)

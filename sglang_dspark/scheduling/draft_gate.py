@@ -128,7 +128,7 @@ class SurvivalPrior:
 
 
 class _Forgetting:
-    """Exponentially weighted sums: each new observation weighs 1, one ``half_life`` observations ago 1/2."""
+    """Exponentially weighted sums over recent steps: each new step weighs 1, one ``half_life`` steps ago 1/2."""
 
     def __init__(self, half_life: float, size: int) -> None:
         if not half_life > 0:
@@ -142,7 +142,7 @@ class _Forgetting:
         self.steps += 1
 
 
-class RealizedSeconds:
+class RealizedSeconds(_Forgetting):
     """Measured ÷ predicted seconds of one kind of step, over that kind's recent steps (module docstring).
 
     ``Σ seconds / Σ predicted seconds``, weighted by ``2^(−age / half_life)`` (age in steps of this kind), clamped to
@@ -155,30 +155,26 @@ class RealizedSeconds:
         if min_steps < 1 or not max_stall >= 1 or not 0 < bounds[0] <= 1 <= bounds[1]:
             raise ValueError(f"RealizedSeconds: bad settings min_steps={min_steps}, max_stall={max_stall}, "
                              f"bounds={bounds}")
-        self._sums = _Forgetting(half_life, 2)  # predicted seconds, measured seconds
+        super().__init__(half_life, 2)  # predicted seconds, measured seconds
         self.min_steps = min_steps
         self.max_stall = max_stall
         self.bounds = bounds
 
-    @property
-    def steps(self) -> int:
-        return self._sums.steps
-
     def observe(self, predicted_seconds: float, seconds: float) -> bool:
         if not all(math.isfinite(v) and v > 0 for v in (predicted_seconds, seconds)):
             return False
-        self._sums.add(predicted_seconds, min(seconds, self.max_stall * predicted_seconds))
+        self.add(predicted_seconds, min(seconds, self.max_stall * predicted_seconds))
         return True
 
     @property
     def factor(self) -> float:
         if self.steps < self.min_steps:
             return 1.0
-        predicted, measured = self._sums.sums
+        predicted, measured = self.sums
         return min(max(measured / predicted, self.bounds[0]), self.bounds[1])
 
 
-class RealizedTokens:
+class RealizedTokens(_Forgetting):
     """What drafted steps commit per request given what was predicted for them: ``E[y | x]``, fitted on recent
     drafted steps (``x``: predicted committed tokens per request, ``1 + Σ a`` of the gate's K; ``y``: committed).
 
@@ -195,23 +191,19 @@ class RealizedTokens:
     def __init__(self, *, half_life: float = 32.0, min_steps: int = 4, shrink: float = 0.5) -> None:
         if min_steps < 1 or not shrink > 0:
             raise ValueError(f"RealizedTokens: bad settings min_steps={min_steps}, shrink={shrink}")
-        self._sums = _Forgetting(half_life, 5)  # w, Σwx, Σwy, Σwx², Σwxy
+        super().__init__(half_life, 5)  # w, Σwx, Σwy, Σwx², Σwxy
         self.min_steps = min_steps
         self.shrink = shrink
-
-    @property
-    def steps(self) -> int:
-        return self._sums.steps
 
     def observe(self, predicted: float, realized: float) -> bool:
         if not all(math.isfinite(v) and v > 0 for v in (predicted, realized)):
             return False
-        self._sums.add(1.0, predicted, realized, predicted * predicted, predicted * realized)
+        self.add(1.0, predicted, realized, predicted * predicted, predicted * realized)
         return True
 
     def line(self) -> tuple[float, float, float]:
         """(x̄, ȳ, β) of the current fit."""
-        w, sx, sy, sxx, sxy = self._sums.sums
+        w, sx, sy, sxx, sxy = self.sums
         x_mean, y_mean = sx / w, sy / w
         spread = max(sxx - w * x_mean * x_mean, 0.0)
         covariance = sxy - w * x_mean * y_mean

@@ -378,6 +378,16 @@ def test_several_temperatures_are_levels_with_fresh_prompts(serving, monkeypatch
     assert (out_dir / "frontier.png").is_file()
 
 
+def _turns(log, urls) -> list[int]:
+    """The servers (1-based) in the order they were sent requests, one entry per uninterrupted turn."""
+    turns = []
+    for api_url, _, _, _ in log:
+        server = urls.index(api_url.removesuffix("/v1/chat/completions")) + 1
+        if not turns or turns[-1] != server:
+            turns.append(server)
+    return turns
+
+
 def test_levels_are_interleaved_across_servers_each_level_starting_from_the_next(serving, monkeypatch, tmp_path):
     """A machine that drifts over minutes must shift every server of a level alike: level i runs on every server
     before level i + 1, and no server always goes first."""
@@ -390,12 +400,7 @@ def test_levels_are_interleaved_across_servers_each_level_starting_from_the_next
     rc = runner.main(["--url", *urls, "--concurrency", "1", "1", "1", "--prompts-per-level", "2",
                       "--max-tokens", "4", "--output-dir", str(tmp_path / "out"), "--quiet"])
     assert rc == 0
-    turns = []
-    for api_url, _, _, _ in log:
-        server = urls.index(api_url.removesuffix("/v1/chat/completions")) + 1
-        if not turns or turns[-1] != server:
-            turns.append(server)
-    assert turns == [1, 2, 3, 2, 3, 1, 3, 1, 2]
+    assert _turns(log, urls) == [1, 2, 3, 2, 3, 1, 3, 1, 2]
     result = json.loads((tmp_path / "out" / "loadtest.json").read_text())
     assert result["settings"]["schedule"] == "interleaved"
     assert all(len(config["levels"]) == 3 for config in result["configs"])
@@ -415,12 +420,7 @@ def test_a_level_runs_in_rounds_that_take_turns_and_pool_into_one_level(serving,
     rc = runner.main(["--url", *urls, "--concurrency", "2", "--prompts-per-level", "8", "--max-tokens", "4",
                       "--output-dir", str(out), "--quiet"])
     assert rc == 0
-    turns = []
-    for api_url, _, _, _ in log:
-        server = urls.index(api_url.removesuffix("/v1/chat/completions")) + 1
-        if not turns or turns[-1] != server:
-            turns.append(server)
-    assert turns == [1, 2, 1]  # round 1: server 1 then 2; round 2: server 2 (still its turn) then 1
+    assert _turns(log, urls) == [1, 2, 1]  # round 1: server 1 then 2; round 2: server 2 (still its turn) then 1
     prompts = {url: [prompt for api, prompt, _, _ in log if api.startswith(url)] for url in urls}
     assert prompts[urls[0]] == prompts[urls[1]] and len(set(prompts[urls[0]])) == 8
     result = json.loads((out / "loadtest.json").read_text())

@@ -207,9 +207,11 @@ class DSparkWorker(DSparkWorkerV2):
         is_decode = self._hosts_draft and not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
         planner = self._verify_planner
         drafted = True
+        gate_choice = None  # the gate's prediction for this step, held against what the step realizes
         if is_decode:
             if self._draft_gate_on and not batch.forward_mode.is_idle() and len(batch.seq_lens) > 0:
                 drafted = planner.begin_decode_step(batch)
+                gate_choice = planner.step_choice
                 self._proposer.skip_draft = not drafted
                 compact = not drafted and compact_anchor_step_eligible(self, batch)
                 self._verify_executor.compact_anchor_step = compact
@@ -232,7 +234,7 @@ class DSparkWorker(DSparkWorkerV2):
                 confidence=planner.last_confidence if drafted else None,
                 default_verify_len=int(self.verify_num_draft_tokens),
                 drafted=drafted,
-                gate_choice=planner.step_choice if is_decode and self._draft_gate_on else None,
+                gate_choice=gate_choice,
             ):
                 planner.observe_step(record)
         return result

@@ -69,6 +69,12 @@ PLAIN_STEP = Switch(
     "where the target runs eager); verify: upstream's verify path with the anchors only (comparisons)",
     ("decode", "verify"),
 )
+PAUSE_KV = Switch(
+    "SGLANG_DSPARK_PAUSE_KV", "batched",
+    "how the tokens of steps the draft gate skipped reach the draft KV: batched (default: held during a pause and "
+    "written in one batch before anything reads draft KV); per-step: written on every skipped step (comparisons)",
+    ("batched", "per-step"),
+)
 HOT_VOCAB = Switch(
     "SGLANG_DSPARK_HOT_VOCAB", "auto",
     "auto (default): when the draft ships dspark_hot_vocab.json, its logits run over those frequent tokens only "
@@ -110,8 +116,8 @@ STANDIN_TRACE = Switch(
 )
 
 SWITCHES: tuple[Switch, ...] = (
-    ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, HOT_VOCAB, RAGGED_SELF_CHECK, CPU_PLATFORM, CPU_MARKOV_STEP, CPU_LINEAR,
-    CACHE, STANDIN_TRACE,
+    ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, PAUSE_KV, HOT_VOCAB, RAGGED_SELF_CHECK, CPU_PLATFORM, CPU_MARKOV_STEP,
+    CPU_LINEAR, CACHE, STANDIN_TRACE,
 )
 
 

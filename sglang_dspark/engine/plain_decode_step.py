@@ -11,7 +11,8 @@ the long way round. :func:`run_plain_decode_step` runs it as one instead:
 * the token is SGLang's own sampler's (``TpModelWorker.forward_batch_generation`` samples a decode batch): greedy is
   the argmax, sampled tokens follow the non-speculative sampler's law exactly, because it is that sampler;
 * the committed token's target hidden states go into the draft KV at its position (the injection upstream's
-  ``commit_hidden`` does), so the next drafted step drafts from the full context;
+  ``commit_hidden`` does), so the next drafted step drafts from the full context; by default held and written with
+  the rest of the pause in one batch before anything reads draft KV (``engine/pending_context_kv.py``);
 * the result is built by upstream's ``build_accept_outs`` (commit length 1, out tokens in the strided layout the
   scheduler reads, new sequence lengths) and published once, like upstream's step.
 
@@ -105,11 +106,15 @@ def run_plain_decode_step(worker, batch, on_publish) -> GenerationBatchResult:
 
     injector = worker._kv_injector
     cache_loc = injector.ids_for(window.kv_loc_plan).view(bs, width)[:, 0]
-    state_slot = batch.req_pool_indices if injector.swa_ring_size is not None else None
-    with worker._draft_context():
-        injector.inject_target_hidden(
-            target_hidden=hidden, cache_loc=cache_loc, positions=prefix_lens, state_slot=state_slot
-        )
+    pending = worker._pending_context_kv
+    if pending is not None and injector.swa_ring_size is None:
+        pending.add(hidden, cache_loc, prefix_lens)  # written with the rest of the pause (engine/pending_context_kv.py)
+    else:
+        state_slot = batch.req_pool_indices if injector.swa_ring_size is not None else None
+        with worker._draft_context():
+            injector.inject_target_hidden(
+                target_hidden=hidden, cache_loc=cache_loc, positions=prefix_lens, state_slot=state_slot
+            )
     logits_output.hidden_states = None
 
     return GenerationBatchResult(

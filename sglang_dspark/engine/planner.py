@@ -156,6 +156,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         self.step_choice = None  # the gate's DraftChoice for the step being run (None: no gate or no choice)
         self.compact_anchor_steps = 0  # skipped steps whose verify kept one logits row per request
         self.plain_decode_steps = 0  # of those, steps run as SGLang's decode step (engine/plain_decode_step.py)
+        self.pending_context_kv = None  # their draft-KV rows held for one batched write (engine/pending_context_kv.py)
         self.step_cost = None  # profiled verify cost + learned step overhead; set by install_sps_table
         self.table_agreement = TableAgreement()  # online check of the table against the steps served
         self.last_confidence: Optional[torch.Tensor] = None
@@ -348,6 +349,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         summary["draft_ms"] = {b: round(drafted[b] - skipped[b], 3) for b in drafted if b in skipped}
         summary["compact_anchor_steps"] = self.compact_anchor_steps
         summary["plain_decode_steps"] = self.plain_decode_steps
+        if self.pending_context_kv is not None:
+            summary["pause_kv"] = self.pending_context_kv.summary()
         last = gate.last
         if last is not None and last.choice is not None:
             summary["last"] = {

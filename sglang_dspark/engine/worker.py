@@ -39,6 +39,7 @@ from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWork
 from sglang_dspark import envs
 
 from sglang_dspark.engine.anchor_only_verify import AnchorOnlyVerifyExecutor, compact_anchor_step_eligible
+from sglang_dspark.engine.pending_context_kv import PendingContextKv
 from sglang_dspark.engine.plain_decode_step import plain_decode_eligible, run_plain_decode_step
 from sglang_dspark.engine.step_record import StepRecorder
 
@@ -98,6 +99,8 @@ class DSparkWorker(DSparkWorkerV2):
         self._step_recorder = StepRecorder(self.device)
         self._draft_gate_on = False
         self._plain_decode_on = envs.PLAIN_STEP.get() == "decode"  # read once, not on every decode step
+        # Skipped steps' draft-KV rows, written in one batch before anything reads draft KV (None: on every step).
+        self._pending_context_kv = None
         if self._hosts_draft:
             self._install_hot_vocab()
             self._pack_draft_context_products()
@@ -187,7 +190,19 @@ class DSparkWorker(DSparkWorkerV2):
             self._verify_executor.__class__ = AnchorOnlyVerifyExecutor
         self._verify_planner.enable_draft_gate(mode)
         self._draft_gate_on = True
+        if envs.PAUSE_KV.get() == "batched":
+            self._pending_context_kv = PendingContextKv(self._write_context_rows)
+            self._verify_planner.pending_context_kv = self._pending_context_kv
         logger.info("sglang-dspark draft gate: mode=%s (skips the draft block on steps where it does not pay)", mode)
+
+    def _write_context_rows(self, hidden, cache_loc, positions) -> None:
+        with self._draft_context():
+            self._kv_injector.inject_target_hidden(target_hidden=hidden, cache_loc=cache_loc, positions=positions)
+
+    def _flush_context_kv(self) -> None:
+        """Write the held draft-KV rows of skipped steps: called before any forward that may read or write draft KV."""
+        if self._pending_context_kv is not None:
+            self._pending_context_kv.flush()
 
     def _forward_decode(self, batch, on_publish, grammar_barrier=None, coordination_plan=None):
         # A skipped step that qualifies for the compact anchor-only verify runs as SGLang's own decode step where the
@@ -201,6 +216,7 @@ class DSparkWorker(DSparkWorkerV2):
         ):
             self._verify_planner.plain_decode_steps += 1
             return run_plain_decode_step(self, batch, on_publish)
+        self._flush_context_kv()  # a draft forward or upstream's commit_hidden comes next
         return super()._forward_decode(batch, on_publish, grammar_barrier, coordination_plan=coordination_plan)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, *, pp_proxy_tensors=None):
@@ -216,7 +232,13 @@ class DSparkWorker(DSparkWorkerV2):
                 compact = not drafted and compact_anchor_step_eligible(self, batch)
                 self._verify_executor.compact_anchor_step = compact
                 planner.compact_anchor_steps += int(compact)
+            if drafted:
+                # Before the step's clock starts: the held rows are the pause's cost, paid here in one batch, and the
+                # gate would otherwise read them as the cost of drafting (a probe after a long pause most of all).
+                self._flush_context_kv()
             self._step_recorder.start()
+        elif self._hosts_draft:
+            self._flush_context_kv()  # a prefill injects into draft KV, and may reuse a slot a held row names
         try:
             result = super().forward_batch_generation(
                 batch, on_publish, grammar_barrier, pp_proxy_tensors=pp_proxy_tensors

@@ -61,8 +61,12 @@ def test_forced_pausing_is_exact(mode, tiny_pair, launch, nospec_reference):
     assert gate["compact_anchor_steps"] == info["steps"] - info["drafted_steps"] > 0
     skipped_after = after["steps"] - after["drafted_steps"]
     assert after["draft_gate"]["compact_anchor_steps"] == skipped_after > info["steps"] - info["drafted_steps"]
-    # On the CPU (eager target) each of them ran as SGLang's own decode step plus the draft-KV injection.
+    # On the CPU (eager target) each of them ran as SGLang's own decode step plus the draft-KV injection, held for
+    # one batched write (SGLANG_DSPARK_PAUSE_KV=batched, the default): every skipped step's rows, written before the
+    # next prefill or drafted step.
     assert after["draft_gate"]["plain_decode_steps"] == skipped_after
+    pause_kv = after["draft_gate"]["pause_kv"]
+    assert pause_kv["deferred_tokens"] >= skipped_after and pause_kv["flushes"] >= 1
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])

@@ -114,9 +114,10 @@ def test_drafting_after_plain_decode_steps_sees_the_full_context(pair, prompts, 
     hidden states into the draft KV, at its position: the next drafted step then drafts from the full context.
     Draft every other step (``alternate``) so that every drafted step follows a skipped one, and compare the first-
     draft acceptance with skipped steps run as SGLang's decode step (default) against upstream's verify path
-    (``SGLANG_DSPARK_PLAIN_STEP=verify``, whose injection is upstream's ``commit_hidden``). Greedy, one request at a
-    time: each run is deterministic, so the rates differ only where the two forwards' hidden states differ in the
-    last bits and flip a draft argmax; ACCEPTANCE_TOLERANCE allows for that. Without the injection, half of every
+    (``SGLANG_DSPARK_PLAIN_STEP=verify``, whose injection is upstream's ``commit_hidden``); the decode path holds the
+    skipped step's rows and writes them before the drafted step (``SGLANG_DSPARK_PAUSE_KV=batched``). Greedy, one
+    request at a time: each run is deterministic, so the rates differ only where the two forwards' hidden states
+    differ in the last bits and flip a draft argmax; ACCEPTANCE_TOLERANCE allows for that. Without the injection, half of every
     draft's context is missing (measured on these prompts, whole blocks verified: both paths 58 of 146 = 0.397; with
     the injection removed from the decode path, 40 of 162 = 0.247, and this test fails)."""
     target, _ = pair
@@ -133,6 +134,8 @@ def test_drafting_after_plain_decode_steps_sees_the_full_context(pair, prompts, 
             gate = server.get("/server_info").json()["internal_states"][0]["dspark_admission"]["draft_gate"]
         assert verified >= MIN_VERIFIED_DRAFTS, (plain_step, verified)
         assert gate["plain_decode_steps"] > 0 if plain_step == "decode" else gate["plain_decode_steps"] == 0
+        if plain_step == "decode":  # the skipped steps' rows went in as batched writes before the drafted steps
+            assert gate["pause_kv"]["flushes"] > 0 and gate["pause_kv"]["deferred_tokens"] >= gate["plain_decode_steps"]
         rates[plain_step] = (accepted / verified, ids)
     assert rates["decode"][1] == rates["verify"][1]  # greedy ids do not depend on how a skipped step runs
     assert rates["decode"][0] >= rates["verify"][0] - ACCEPTANCE_TOLERANCE, rates

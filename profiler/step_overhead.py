@@ -29,7 +29,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-def _bucket(num_requests: int) -> int:
+def load_bucket(num_requests: int) -> int:
+    """The power of two at or above R (R = 3 and 4 share a bucket): what is learned per load is learned per bucket."""
     return 1 << max(0, int(num_requests) - 1).bit_length()
 
 
@@ -65,7 +66,7 @@ class StepOverhead:
         sample = measured_seconds - max(0.0, verify_seconds)
         if not self.signed:
             sample = max(0.0, sample)
-        bucket = _bucket(num_requests)
+        bucket = load_bucket(num_requests)
         first = self._first.get(bucket)
         if bucket not in self._seconds or first is not None and len(first) < math.ceil(1.0 / self.rate):
             # The lower quartile of the first samples: stalled steps among them (up to 3 in 4) do not move it.
@@ -96,17 +97,17 @@ class StepOverhead:
         """Overhead for R requests: the nearest learned bucket (0 before any measurement)."""
         if not self._seconds:
             return 0.0
-        target = _bucket(num_requests)
+        target = load_bucket(num_requests)
         nearest = min(self._seconds, key=lambda b: (abs(math.log2(b) - math.log2(target)), b))
         return self._seconds[nearest]
 
     def known(self, num_requests: int) -> Optional[float]:
         """The learned overhead of R's own bucket, or None when that bucket has no measurement yet."""
-        return self._seconds.get(_bucket(num_requests))
+        return self._seconds.get(load_bucket(num_requests))
 
     def samples(self, num_requests: int) -> int:
         """How many steps of R's bucket were measured."""
-        return self._samples.get(_bucket(num_requests), 0)
+        return self._samples.get(load_bucket(num_requests), 0)
 
     def summary(self) -> dict[int, float]:
         return {bucket: round(seconds * 1e3, 3) for bucket, seconds in sorted(self._seconds.items())}

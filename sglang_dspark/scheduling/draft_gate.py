@@ -40,6 +40,11 @@ the measured against the predicted seconds of each kind of step; the gate compar
 
     Θ'(draft) = R · E[committed per request | prediction] / (κ_draft · t_draft)      Θ'(no draft) = R / (κ_skip · t_skip)
 
+The fit is kept per power-of-two bucket of R (the pooled fit stands in until a bucket has its own few steps): what a
+request commits per drafted step depends on the load, since the capacity search verifies fewer drafts per request
+as R grows, and one user's drafted steps (K = 2-3 drafts for one request) read at four users (the same K spread over
+four requests) made a draft that realized 1.15 tokens per request look like 1.35, and drafted 17 % of the steps at
+1.5× a plain step's cost. ``E`` never exceeds ``1 + K / R``: a step commits at most its verified drafts and anchors.
 It only moves the choice between two exact steps, never a token.
 
 A request the draft has not drafted for yet has no lagged confidence; upstream's planner reads it as survival 1 (verify
@@ -59,6 +64,7 @@ from typing import Optional, Union
 
 import torch
 
+from sglang_dspark.profiler.step_overhead import load_bucket
 from sglang_dspark.scheduling.admission import _reachable_path_throughput
 from sglang_dspark.scheduling.cost_model import StepCostModel
 
@@ -133,6 +139,7 @@ class _Forgetting:
     def __init__(self, half_life: float, size: int) -> None:
         if not half_life > 0:
             raise ValueError(f"half_life must be > 0, got {half_life}")
+        self.half_life = half_life
         self.keep = 0.5 ** (1.0 / half_life)
         self.sums = [0.0] * size
         self.steps = 0
@@ -333,8 +340,9 @@ class DraftGate:
         self.resumes = 0
         self.reasons: dict[str, int] = {}
         self.last: Optional[GateDecision] = None
-        # What steps realized against their predictions (module docstring).
+        # What steps realized against their predictions (module docstring): every drafted step, and per R bucket.
         self.realized_tokens = RealizedTokens()
+        self.realized_tokens_by_load: dict[int, RealizedTokens] = {}
         self.draft_seconds = RealizedSeconds()
         self.skip_seconds = RealizedSeconds()
 
@@ -398,8 +406,17 @@ class DraftGate:
         """Θ'(draft): the prediction's committed tokens read through the fit, its seconds through the ratio."""
         if not (choice.seconds_draft > 0 and math.isfinite(choice.seconds_draft)) or num_requests <= 0:
             return choice.theta_draft
-        per_request = self.realized_tokens.expected(choice.tokens_draft / num_requests)
+        per_request = self.expected_tokens(choice, num_requests)
         return num_requests * per_request / (self.draft_seconds.factor * choice.seconds_draft)
+
+    def expected_tokens(self, choice: DraftChoice, num_requests: int) -> float:
+        """E[committed tokens per request | the choice's prediction]: the fit of R's bucket, else the pooled one,
+        at most the anchor plus the verified drafts per request."""
+        fit = self.realized_tokens_by_load.get(load_bucket(num_requests))
+        if fit is None or fit.steps < fit.min_steps:
+            fit = self.realized_tokens
+        expected = fit.expected(choice.tokens_draft / num_requests)
+        return min(expected, 1.0 + choice.capacity / num_requests)
 
     def corrected_skip_throughput(self, choice: DraftChoice, num_requests: int) -> float:
         if not (choice.seconds_skip > 0 and math.isfinite(choice.seconds_skip)) or num_requests <= 0:
@@ -412,7 +429,14 @@ class DraftGate:
         if choice is None or seconds is None or num_requests <= 0:
             return
         if drafted:
-            self.realized_tokens.observe(choice.tokens_draft / num_requests, tokens / num_requests)
+            predicted, realized = choice.tokens_draft / num_requests, tokens / num_requests
+            self.realized_tokens.observe(predicted, realized)
+            bucket = load_bucket(num_requests)
+            if bucket not in self.realized_tokens_by_load:
+                self.realized_tokens_by_load[bucket] = RealizedTokens(
+                    half_life=self.realized_tokens.half_life, min_steps=self.realized_tokens.min_steps,
+                    shrink=self.realized_tokens.shrink)
+            self.realized_tokens_by_load[bucket].observe(predicted, realized)
             self.draft_seconds.observe(choice.seconds_draft, float(seconds))
         else:
             self.skip_seconds.observe(choice.seconds_skip, float(seconds))

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 # Held rows beyond this many bytes of hidden states are written at once (a long pause under heavy load).
-DEFAULT_MAX_BYTES = 64 << 20
+DEFAULT_MAX_BYTES = 32 << 20
 
 WriteRows = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]  # (hidden [N, H], cache_loc [N], positions [N])
 

@@ -256,3 +256,16 @@ def test_version_guard_refuses_other_sglang(monkeypatch):
     monkeypatch.setattr(guard, "installed_sglang_version", lambda: "0.5.24")
     with pytest.raises(RuntimeError, match="sglang==0.5.23"):
         guard.require_supported_sglang()
+
+
+def test_cpu_markov_sampler_never_draws_a_masked_token_and_keeps_odd_rows_on_argmax():
+    """Rows with −inf entries (masked tokens) never draw them, over 2 000 draws; a row holding a NaN or +inf (no
+    distribution to sample) takes its argmax, as the Gumbel argmax it replaces did."""
+    from sglang_dspark.kernels.markov_step import sample_rows
+
+    masked = torch.tensor([[0.0, float("-inf"), 1.0, float("-inf"), -0.5]])
+    generator = torch.Generator().manual_seed(5)
+    draws = torch.cat([sample_rows(masked, generator) for _ in range(2000)])
+    assert set(draws.tolist()) == {0, 2, 4}
+    odd = torch.tensor([[0.0, float("nan"), 1.0], [0.0, float("inf"), 1.0], [float("-inf")] * 3])
+    assert sample_rows(odd, generator).tolist() == [1, 1, 0]

@@ -147,7 +147,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         self.sps_table = None
         # Non-verify time of a step, learned apart for steps that ran the draft block and steps that skipped it.
         # Signed: the learned part also corrects the table's level for the steps served (profiler/step_overhead.py).
-        self.step_overhead = StepOverhead(label="drafted step", signed=True)
+        self.step_overhead = StepOverhead(label="drafted step", signed=True, grows_with_requests=True)
         self.skip_overhead = StepOverhead(label="skipped-draft step", signed=True)
         self.draft_gate: Optional[DraftGate] = None  # set by enable_draft_gate (our worker decides if it applies)
         self.survival_prior = SurvivalPrior()  # the gate's survivals for requests not drafted for yet

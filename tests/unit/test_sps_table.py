@@ -619,3 +619,23 @@ def test_step_overhead_a_stalled_first_step_does_not_stick():
     for _ in range(60):  # a real shift (steps 10x dearer from now on) is followed within tens of steps
         overhead.observe(1, 0.300, 0.010)
     assert abs(overhead.seconds(1) - 0.290) < 0.01
+
+
+def test_step_overhead_of_a_drafted_step_grows_into_loads_not_seen_yet():
+    """A drafted step's overhead (the draft block, over every request) learned at R = 16 reads 4× at R = 64 until
+    R = 64 has its own measurement; below and between learned buckets, and for the plain step's overhead, the nearest
+    bucket's value stands."""
+    from sglang_dspark.profiler.step_overhead import StepOverhead
+
+    drafted = StepOverhead(rate=1.0, signed=True, grows_with_requests=True)
+    plain = StepOverhead(rate=1.0, signed=True)
+    for overhead in (drafted, plain):
+        overhead.observe(16, 0.030, 0.010)  # 20 ms besides the verify
+    assert drafted.seconds(64) == pytest.approx(0.080) and drafted.seconds(40) == pytest.approx(0.080)
+    assert drafted.seconds(4) == pytest.approx(0.020) and drafted.seconds(16) == pytest.approx(0.020)
+    assert plain.seconds(64) == pytest.approx(0.020)
+    drafted.observe(64, 0.200, 0.040)  # measured: its own value from now on
+    assert drafted.seconds(64) == pytest.approx(0.160)
+    negative = StepOverhead(rate=1.0, signed=True, grows_with_requests=True)
+    negative.observe(16, 0.005, 0.010)  # a table level correction, not a cost: not scaled
+    assert negative.seconds(64) == pytest.approx(-0.005)

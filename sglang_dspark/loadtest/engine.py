@@ -344,6 +344,9 @@ class LevelRun:
         self.before = self.snapshot_func()
         self.outputs: list = []
         self.duration = 0.0
+        # Each round's output tokens per second: rounds of different servers taking turns are close in time, so
+        # their round-by-round ratios show how much of a level's ratio the machine's drift could move.
+        self.round_tok_s: list[float] = []
 
     def run_round(self, prompts: Sequence[str], *, concurrency: int | None, max_tokens: int,
                   request_rate: float = math.inf, temperature: float = 0.0, model: str = "default",
@@ -359,11 +362,14 @@ class LevelRun:
         )
         self.outputs.extend(outputs)
         self.duration += duration
+        tokens = sum(output.output_len for output in outputs if output.success)
+        self.round_tok_s.append(tokens / duration if duration > 0 else 0.0)
         return sum(1 for output in outputs if output.success)
 
     def result(self, tokenizer=None) -> dict:
         after = self.snapshot_func()
         result = level_metrics(self.outputs, self.duration, tokenizer)
+        result["round_output_tok_s"] = list(self.round_tok_s)
         admission = admission_delta(self.before.get("dspark_admission"), after.get("dspark_admission"))
         if admission is not None:
             result["admission"] = admission

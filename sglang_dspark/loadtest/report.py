@@ -56,12 +56,31 @@ def add_ratios(result: dict) -> dict:
             for name in ("output_tok_s", "per_user_tok_s"):
                 mine, theirs = level.get(name), ref.get(name)
                 level[f"{name}_ratio"] = mine / theirs if mine is not None and theirs else None
+            level["round_ratios"] = round_ratios(level.get("round_output_tok_s"), ref.get("round_output_tok_s"))
             mine, theirs = level.get("output_digests"), ref.get("output_digests")
             greedy = _level_temperature(level, result.get("settings") or {}) == 0.0
             if greedy and mine and theirs and len(mine) == len(theirs):
                 pairs = [(a, b) for a, b in zip(mine, theirs) if a is not None and b is not None]
                 level["same_output"] = [sum(a == b for a, b in pairs), len(pairs)]
     return result
+
+
+def round_ratios(mine: list | None, theirs: list | None) -> list[float] | None:
+    """Round ``i``'s output tok/s over the baseline's round ``i`` (the two ran one after the other on the same
+    prompts); None unless both have the same two or more rounds."""
+    if not mine or not theirs or len(mine) != len(theirs) or len(mine) < 2:
+        return None
+    return [a / b if b else None for a, b in zip(mine, theirs)]
+
+
+def ratio_cell(level: dict) -> str:
+    """The level's output tok/s ratio, with the range of its round-by-round ratios when it ran in rounds: a
+    ratio whose rounds straddle 1 is within what the machine's drift moves."""
+    cell = _fmt(level.get("output_tok_s_ratio"), 2)
+    rounds = [r for r in level.get("round_ratios") or [] if r is not None]
+    if len(rounds) >= 2:
+        cell += f" ({min(rounds):.2f}–{max(rounds):.2f})"
+    return cell
 
 
 def write_json(result: dict, path: str | Path) -> Path:
@@ -87,7 +106,8 @@ def plain_step_ms(level: dict) -> float | None:
 
 
 def markdown_table(result: dict) -> str:
-    """One row per configuration and level; ratios against the first configuration of the run."""
+    """One row per configuration and level; ratios against the first configuration of the run (output tok/s:
+    with the range of the round-by-round ratios in brackets)."""
     baseline = result.get("baseline") or "first row"
     lines = [
         f"| configuration | load | output tok/s | × {baseline} | per-user tok/s | × {baseline} | TTFT p50 ms | "
@@ -104,7 +124,7 @@ def markdown_table(result: dict) -> str:
                 "| {label} | {load} | {tps} | {tpsr} | {pu} | {pur} | {ttft} | {tpot} | {itl} | {acc} | {drafted} | "
                 "{dstep} | {pstep} | {same} | {err} / {to} |".format(
                     label=config["label"], load=level_key(level), tps=_fmt(level.get("output_tok_s")),
-                    tpsr=_fmt(level.get("output_tok_s_ratio"), 2), pu=_fmt(level.get("per_user_tok_s")),
+                    tpsr=ratio_cell(level), pu=_fmt(level.get("per_user_tok_s")),
                     pur=_fmt(level.get("per_user_tok_s_ratio"), 2),
                     ttft=_fmt((level.get("ttft_ms") or {}).get("p50"), 0),
                     tpot=_fmt((level.get("tpot_ms") or {}).get("p50"), 0),

@@ -428,6 +428,9 @@ def test_a_level_runs_in_rounds_that_take_turns_and_pool_into_one_level(serving,
     for config in result["configs"]:
         (level,) = config["levels"]
         assert level["requests"] == level["completed"] == 8 and level["prompts"] == 8
+        assert len(level["round_output_tok_s"]) == 2 and all(r > 0 for r in level["round_output_tok_s"])
+        assert len(level["round_ratios"]) == 2
+    assert result["configs"][0]["levels"][0]["round_ratios"] == [1.0, 1.0]
     # Digests in prompt order across the rounds: server 2's answers differ exactly where the fake makes them differ.
     expected_same = sum(not runner_even for runner_even in map(_even_tail, prompts[urls[0]]))
     assert [c["levels"][0]["same_output"] for c in result["configs"]] == [[8, 8], [expected_same, 8]]
@@ -505,3 +508,22 @@ def test_interrupt_during_server_start_stops_the_half_started_server(monkeypatch
         server_module.start_server("model", python=str(fake_python), log_dir=tmp_path, timeout=30)
     (process,) = started
     assert process.poll() is not None  # stopped by PID, not left running
+
+
+def test_round_ratios_pair_each_round_with_the_baselines_and_the_table_shows_their_range():
+    """Round i of a configuration is compared with round i of the baseline (they ran back to back); the table
+    prints the pooled ratio and the range of the round ratios, so a level's noise is visible beside its ratio."""
+    assert report.round_ratios([90.0, 120.0, 100.0], [100.0, 100.0, 100.0]) == pytest.approx([0.9, 1.2, 1.0])
+    assert report.round_ratios([90.0], [100.0]) is None  # one round: no spread to show
+    assert report.round_ratios([90.0, 80.0], [100.0, 100.0, 100.0]) is None  # rounds that do not pair
+    result = {"settings": {}, "configs": [
+        {"label": "base", "levels": [{"concurrency": 4, "output_tok_s": 100.0, "round_output_tok_s": [100.0, 100.0]}]},
+        {"label": "spec", "levels": [{"concurrency": 4, "output_tok_s": 95.0, "round_output_tok_s": [88.0, 102.0]}]},
+    ]}
+    report.add_ratios(result)
+    spec_level = result["configs"][1]["levels"][0]
+    assert spec_level["round_ratios"] == pytest.approx([0.88, 1.02])
+    row = [line for line in report.markdown_table(result).splitlines() if line.startswith("| spec")][0]
+    assert "| 0.95 (0.88–1.02) |" in row
+    base_row = [line for line in report.markdown_table(result).splitlines() if line.startswith("| base")][0]
+    assert "| 1.00 (1.00–1.00) |" in base_row

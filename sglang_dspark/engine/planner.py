@@ -310,25 +310,11 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         generation = self.model_runner.req_to_token_pool.req_generation[rows]
         return self._budget_planner.latest_survival(req_pool_indices_cpu=rows, current_generation=generation)
 
-    # Drafted steps measured before the table stands in for a plain step's time (their lower quartile is the cost
-    # the gate reads: it shrugs off up to 3 first-use stalls in 4).
-    DRAFTED_STEPS_BEFORE_SKIP_PRIOR = 4
-
     def _skip_step_seconds(self, num_requests: int) -> Optional[float]:
-        """Time of a step that skips the draft: profiled verify of the R anchors + the learned skipped-step rest.
-
-        Before any skipped step was measured, the profiled verify alone (the rest read as 0), once a few drafted
-        steps were: unknown, the gate drafts blind until its ``learn_skip_every``-th step, and on a fresh server under
-        load that was 16 drafted steps at 2-4× a plain step's cost before the first comparison. Not before a few:
-        a fresh server's first drafted steps stall on first-use work, and a drafted-step cost read from one of them
-        paused a one-user server whose draft pays, with probes spaced by that cost (hundreds of steps apart). The
-        table leaves out the rest of a plain step, so it leans towards skipping; a skipped step costs only the drafts
-        it does not verify, and its time corrects the estimate at once."""
-        if self.step_cost is None:
+        """Time of a step that skips the draft: profiled verify of the R anchors + the learned skipped-step rest."""
+        if self.skip_overhead.updates == 0 or self.step_cost is None:
             return None
         verify = self.step_cost.verify_seconds(num_requests, num_requests)
-        if self.skip_overhead.updates == 0:
-            return verify if self.step_overhead.updates >= self.DRAFTED_STEPS_BEFORE_SKIP_PRIOR else None
         return max(verify + self.skip_overhead.seconds(num_requests), OverheadAdjustedCost.MIN_SHARE_OF_TABLE * verify)
 
     def _decide(self, survival: Optional[torch.Tensor], num_requests: int) -> GateDecision:

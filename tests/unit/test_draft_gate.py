@@ -387,67 +387,6 @@ def test_skip_cost_is_learned_by_occasional_plain_steps():
     assert trace[10].reason == "refresh-skip"
 
 
-class _LinearTable:
-    """A profiled table: a verify of B tokens for R requests takes ``base + per_token · (B − R)`` seconds."""
-
-    def __init__(self, base: float, per_token: float) -> None:
-        self.base, self.per_token = base, per_token
-
-    def step_seconds(self, num_requests, verify_tokens):
-        return self.base + self.per_token * (int(verify_tokens) - num_requests)
-
-    def step_seconds_tensor(self, num_requests, verify_tokens):
-        return self.base + self.per_token * (verify_tokens.to(torch.float64) - num_requests)
-
-
-def _fresh_planner():
-    from sglang_dspark.engine.planner import AdmissionVerifyPlanner
-    from sglang_dspark.profiler.step_overhead import OverheadAdjustedCost, StepOverhead
-
-    planner = AdmissionVerifyPlanner.__new__(AdmissionVerifyPlanner)
-    planner.step_overhead = StepOverhead(label="drafted step", signed=True, grows_with_requests=True)
-    planner.skip_overhead = StepOverhead(label="skipped-draft step", signed=True)
-    planner.step_cost = OverheadAdjustedCost(_LinearTable(0.060, 0.0005), planner.step_overhead)
-    planner.draft_gate = DraftGate("auto")
-    planner.survival_prior = SurvivalPrior()
-    planner._learn_overhead = False  # the overheads are fed by hand below, as observe_step would
-    return planner
-
-
-def test_a_fresh_server_under_load_compares_before_its_first_skipped_step():
-    """16 users on a fresh server, a weak draft (survivals 0.3, 0.1, 0): a drafted step takes 140 ms, a plain one
-    63 ms (the table says 60 ms for the anchors). With no skipped step measured, the planner reads the table's
-    verify of the anchors as the plain step (the rest unknown, 0) once 4 drafted steps were measured, so the gate
-    compares from then on instead of drafting blind until its 16th drafted step. Counted over the first 40 steps:
-    the 4 drafted steps and at most one more, against 16 when the plain step's time was unknown."""
-    weak = torch.tensor([[0.3, 0.1, 0.0]] * 16, dtype=torch.float64)
-
-    def serve(planner, steps=40):
-        drafted = 0
-        for _ in range(steps):
-            decision = planner._decide(weak, 16)
-            if decision.draft:
-                verified = 16 + (decision.choice.capacity if decision.choice else 0)
-                planner.step_overhead.observe(16, 0.140, planner.step_cost.verify_seconds(16, verified))
-            else:  # a skipped step verifies the anchors only
-                planner.skip_overhead.observe(16, 0.063, planner.step_cost.verify_seconds(16, 16))
-            drafted += decision.draft
-        return drafted
-
-    planner = _fresh_planner()
-    assert planner._skip_step_seconds(16) is None  # no drafted step measured either: draft ("no-info")
-    for _ in range(4):
-        planner.step_overhead.observe(16, 0.140, planner.step_cost.verify_seconds(16, 20))
-    assert planner._skip_step_seconds(16) == pytest.approx(0.060)  # nothing skipped yet: the table's anchors
-    planner = _fresh_planner()
-    assert 4 <= serve(planner) <= 5
-    assert planner._skip_step_seconds(16) == pytest.approx(0.063, rel=0.02)  # then what skipped steps took
-    blind = _fresh_planner()
-    blind._skip_step_seconds = lambda num_requests: (
-        None if blind.skip_overhead.updates == 0 else 0.060 + blind.skip_overhead.seconds(num_requests))
-    assert serve(blind) == 16  # the rule before: drafted until the learn-skip step
-
-
 def test_forced_modes():
     assert all(_decide(DraftGate("off"), LOW).draft for _ in range(3))
     gate = DraftGate("pause")

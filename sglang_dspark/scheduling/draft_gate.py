@@ -29,6 +29,13 @@ or two and pauses again, and restarting the probes at ``probe_min`` then would m
 held for ``steady_spell`` steps before the next pause.
 The skipped-step cost is learned from skipped steps, so until a few have been measured the gate also skips one step
 in ``learn_skip_every`` (a plain decode step: it costs only the drafts it does not verify).
+The same holds the other way round while drafting: the skipped-step cost is then the one measured before the drafting
+spell began, and it is not a random one, since a spell tends to begin just after a few slow plain steps (a machine-wide
+slow spell, another process on the cores) made a plain step look dearer than it is. Left alone until
+``refresh_skip_every`` drafted steps, that stale cost kept a four-user load drafting at ~1.35 tokens per request for
+tens of steps at 65-88 ms against 40-50 ms plain steps. So when the two corrected throughputs are within
+``close_margin`` of each other, where a stale reading can flip the choice, the gate re-measures a plain step every
+``refresh_close_every`` drafted steps; far from break-even one in ``refresh_skip_every`` suffices.
 
 The two throughputs are predictions, and not equally good ones. The drafted one reads the K highest lagged
 survivals, and the largest of many noisy estimates is biased upward (the candidates that look best are, on average,
@@ -40,11 +47,12 @@ the measured against the predicted seconds of each kind of step; the gate compar
 
     Θ'(draft) = R · E[committed per request | prediction] / (κ_draft · t_draft)      Θ'(no draft) = R / (κ_skip · t_skip)
 
-The fit is kept per power-of-two bucket of R (the pooled fit stands in until a bucket has its own few steps): what a
-request commits per drafted step depends on the load, since the capacity search verifies fewer drafts per request
-as R grows, and one user's drafted steps (K = 2-3 drafts for one request) read at four users (the same K spread over
-four requests) made a draft that realized 1.15 tokens per request look like 1.35, and drafted 17 % of the steps at
-1.5× a plain step's cost. ``E`` never exceeds ``1 + K / R``: a step commits at most its verified drafts and anchors.
+The fit, and each seconds ratio, is kept per power-of-two bucket of R (the pooled one stands in until a bucket has its
+own few steps): what a request commits per drafted step depends on the load, since the capacity search verifies fewer
+drafts per request as R grows, and one user's drafted steps (K = 2-3 drafts for one request) read at four users (the
+same K spread over four requests) made a draft that realized 1.15 tokens per request look like 1.35, and drafted 17 %
+of the steps at 1.5× a plain step's cost. How far a step's seconds miss their prediction depends on the load too: a
+bucket's learned overhead starts from its first few steps, while the pooled ratio is mostly the one-user steps'. ``E`` never exceeds ``1 + K / R``: a step commits at most its verified drafts and anchors.
 It only moves the choice between two exact steps, never a token.
 
 A request the draft has not drafted for yet has no lagged confidence; upstream's planner reads it as survival 1 (verify
@@ -313,6 +321,8 @@ class DraftGate:
         steady_spell: int = 16,
         probe_share: float = 0.02,
         max_probe_interval: int = 4096,
+        refresh_close_every: int = 32,
+        close_margin: float = 0.25,
     ) -> None:
         if mode not in GATE_MODES:
             raise ValueError(f"unknown draft gate mode {mode!r}; choose one of {', '.join(GATE_MODES)}")
@@ -328,6 +338,8 @@ class DraftGate:
         self.steady_spell = steady_spell
         self.probe_share = probe_share
         self.max_probe_interval = max_probe_interval
+        self.refresh_close_every = refresh_close_every
+        self.close_margin = close_margin
         self._drafting_spell = 0  # "pays" steps since the last resume
         self.paused = False
         self.probe_interval = probe_min
@@ -345,6 +357,8 @@ class DraftGate:
         self.realized_tokens_by_load: dict[int, RealizedTokens] = {}
         self.draft_seconds = RealizedSeconds()
         self.skip_seconds = RealizedSeconds()
+        self.draft_seconds_by_load: dict[int, RealizedSeconds] = {}
+        self.skip_seconds_by_load: dict[int, RealizedSeconds] = {}
 
     # ------------------------------------------------------------------ decision
 
@@ -387,13 +401,15 @@ class DraftGate:
                 return GateDecision(False, "learn-skip")
             return GateDecision(True, "no-info")
         choice = should_draft(survival, cost, seconds_without, num_requests)
+        draft_rate, skip_rate = choice.theta_draft, choice.theta_skip
         if self.mode != "comeback":  # the comeback mode's costs are made up: nothing to correct
-            choice = replace(choice, draft=self.corrected_draft_throughput(choice, num_requests)
-                             > self.corrected_skip_throughput(choice, num_requests))
+            draft_rate = self.corrected_draft_throughput(choice, num_requests)
+            skip_rate = self.corrected_skip_throughput(choice, num_requests)
+            choice = replace(choice, draft=draft_rate > skip_rate)
         if choice.draft:
             if learning and self._drafted_since_skip >= self.learn_skip_every:
                 return GateDecision(False, "learn-skip", choice)
-            if not learning and self._drafted_since_skip >= self.refresh_skip_every:
+            if not learning and self._drafted_since_skip >= self.refresh_interval(draft_rate, skip_rate):
                 return GateDecision(False, "refresh-skip", choice)
             return GateDecision(True, "pays", choice)
         if not self.paused:
@@ -402,12 +418,25 @@ class DraftGate:
             return GateDecision(True, "probe", choice)
         return GateDecision(False, "pause", choice)
 
+    def refresh_interval(self, draft_rate: float, skip_rate: float) -> int:
+        """Drafted steps between two plain steps that re-measure the skipped-step cost (module docstring)."""
+        if skip_rate > 0 and draft_rate < (1.0 + self.close_margin) * skip_rate:
+            return min(self.refresh_close_every, self.refresh_skip_every)
+        return self.refresh_skip_every
+
+    @staticmethod
+    def _load_factor(pooled: RealizedSeconds, by_load: dict[int, RealizedSeconds], num_requests: int) -> float:
+        """The seconds ratio of R's bucket once it has its own few steps, else the pooled one."""
+        own = by_load.get(load_bucket(num_requests))
+        return own.factor if own is not None and own.steps >= own.min_steps else pooled.factor
+
     def corrected_draft_throughput(self, choice: DraftChoice, num_requests: int) -> float:
         """Θ'(draft): the prediction's committed tokens read through the fit, its seconds through the ratio."""
         if not (choice.seconds_draft > 0 and math.isfinite(choice.seconds_draft)) or num_requests <= 0:
             return choice.theta_draft
         per_request = self.expected_tokens(choice, num_requests)
-        return num_requests * per_request / (self.draft_seconds.factor * choice.seconds_draft)
+        factor = self._load_factor(self.draft_seconds, self.draft_seconds_by_load, num_requests)
+        return num_requests * per_request / (factor * choice.seconds_draft)
 
     def expected_tokens(self, choice: DraftChoice, num_requests: int) -> float:
         """E[committed tokens per request | the choice's prediction]: the fit of R's bucket, else the pooled one,
@@ -421,7 +450,8 @@ class DraftGate:
     def corrected_skip_throughput(self, choice: DraftChoice, num_requests: int) -> float:
         if not (choice.seconds_skip > 0 and math.isfinite(choice.seconds_skip)) or num_requests <= 0:
             return choice.theta_skip
-        return num_requests / (self.skip_seconds.factor * choice.seconds_skip)
+        factor = self._load_factor(self.skip_seconds, self.skip_seconds_by_load, num_requests)
+        return num_requests / (factor * choice.seconds_skip)
 
     def observe_outcome(self, choice: Optional[DraftChoice], drafted: bool, tokens: int, seconds: float,
                         num_requests: int) -> None:
@@ -437,9 +467,21 @@ class DraftGate:
                     half_life=self.realized_tokens.half_life, min_steps=self.realized_tokens.min_steps,
                     shrink=self.realized_tokens.shrink)
             self.realized_tokens_by_load[bucket].observe(predicted, realized)
-            self.draft_seconds.observe(choice.seconds_draft, float(seconds))
+            self._observe_seconds(self.draft_seconds, self.draft_seconds_by_load, num_requests,
+                                  choice.seconds_draft, float(seconds))
         else:
-            self.skip_seconds.observe(choice.seconds_skip, float(seconds))
+            self._observe_seconds(self.skip_seconds, self.skip_seconds_by_load, num_requests,
+                                  choice.seconds_skip, float(seconds))
+
+    @staticmethod
+    def _observe_seconds(pooled: RealizedSeconds, by_load: dict[int, RealizedSeconds], num_requests: int,
+                         predicted: float, seconds: float) -> None:
+        pooled.observe(predicted, seconds)
+        bucket = load_bucket(num_requests)
+        if bucket not in by_load:
+            by_load[bucket] = RealizedSeconds(half_life=pooled.half_life, min_steps=pooled.min_steps,
+                                              max_stall=pooled.max_stall, bounds=pooled.bounds)
+        by_load[bucket].observe(predicted, seconds)
 
     def cost_bounded_interval(self, choice: Optional[DraftChoice]) -> int:
         """Skipped steps per probe that keep the probes' extra cost within ``probe_share`` of the time."""

@@ -109,6 +109,11 @@ CACHE = Switch(
     "SGLANG_DSPARK_CACHE", None,
     "cache folder for converted models and SPS tables (default ~/.cache/sglang-dspark)",
 )
+GATE_TRACE = Switch(
+    "SGLANG_DSPARK_GATE_TRACE", None,
+    "a file path: append one JSON line per decode step with what the draft gate predicted and what the step took "
+    "(sglang_dspark/engine/gate_trace.py; diagnosis)",
+)
 STANDIN_TRACE = Switch(
     "SGLANG_DSPARK_STANDIN_TRACE", "0",
     "1: log every call into the CPU sgl_kernel stand-in (debugging)",
@@ -117,7 +122,7 @@ STANDIN_TRACE = Switch(
 
 SWITCHES: tuple[Switch, ...] = (
     ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, PAUSE_KV, HOT_VOCAB, RAGGED_SELF_CHECK, CPU_PLATFORM, CPU_MARKOV_STEP,
-    CPU_LINEAR, CACHE, STANDIN_TRACE,
+    CPU_LINEAR, CACHE, GATE_TRACE, STANDIN_TRACE,
 )
 
 

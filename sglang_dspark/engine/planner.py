@@ -35,6 +35,7 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
 )
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
+from sglang_dspark.engine.gate_trace import GateTrace
 from sglang_dspark.engine.step_record import StepRecord
 from sglang_dspark.profiler.step_overhead import OverheadAdjustedCost, StepOverhead
 from sglang_dspark.profiler.table_trust import TableAgreement
@@ -141,6 +142,8 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
 
 
 class AdmissionVerifyPlanner(DSparkVerifyPlanner):
+    gate_trace: Optional[GateTrace] = None
+
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.policy = AdmissionPolicy.from_env()
@@ -160,6 +163,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         self.step_cost = None  # profiled verify cost + learned step overhead; set by install_sps_table
         self.table_agreement = TableAgreement()  # online check of the table against the steps served
         self.last_confidence: Optional[torch.Tensor] = None
+        self.gate_trace = GateTrace.from_env()  # SGLANG_DSPARK_GATE_TRACE: one line per decode step, for diagnosis
         self._stats_error_logged = False
         self._learn_overhead = False
         stats = get_admission_stats()
@@ -373,6 +377,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         """A finished decode step, already on the host (the worker's StepRecorder never syncs the device):
         teach the cost model the step's non-verify time and hand the admission record to observability."""
         num_requests = len(record.commit_lens)
+        if self.gate_trace is not None:
+            self._trace_step(record, num_requests)
         if self.step_cost is not None and record.seconds is not None and self._learn_overhead:
             table_seconds = self.sps_table.step_seconds(num_requests, sum(record.verify_lens))
             if self.table_agreement.observe(record.seconds, table_seconds):
@@ -401,6 +407,18 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             if not self._stats_error_logged:
                 self._stats_error_logged = True
                 logger.warning("sglang-dspark: admission stats skipped a step (%s)", exc)
+
+    def _trace_step(self, record: StepRecord, num_requests: int) -> None:
+        """One line of SGLANG_DSPARK_GATE_TRACE, with the gate's state as it decided (before this step teaches it)."""
+        fields = {"R": num_requests, "drafted": bool(record.drafted), "seconds": record.seconds,
+                  "verify_tokens": sum(record.verify_lens), "committed": sum(record.commit_lens)}
+        gate = self.draft_gate
+        if gate is not None:
+            fields["reason"] = gate.last.reason if gate.last is not None else None
+            fields.update(gate.trace_fields(record.gate_choice, num_requests))
+        if getattr(self, "sps_table", None) is not None and num_requests > 0:
+            fields["table_seconds"] = self.sps_table.step_seconds(num_requests, sum(record.verify_lens))
+        self.gate_trace.write(fields)
 
     def schedule_layout(self, **kwargs):
         layout = super().schedule_layout(**kwargs)

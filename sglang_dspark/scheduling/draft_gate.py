@@ -483,6 +483,22 @@ class DraftGate:
                                               max_stall=pooled.max_stall, bounds=pooled.bounds)
         by_load[bucket].observe(predicted, seconds)
 
+    def trace_fields(self, choice: Optional[DraftChoice], num_requests: int) -> dict:
+        """What the gate read for a step decided with ``choice`` (engine/gate_trace.py); empty without a choice."""
+        if choice is None or num_requests <= 0:
+            return {}
+        return {
+            "predicted_tokens": round(choice.tokens_draft / num_requests, 4),
+            "expected_tokens": round(self.expected_tokens(choice, num_requests), 4),
+            "capacity": choice.capacity,
+            "predicted_draft_seconds": round(choice.seconds_draft, 6),
+            "predicted_plain_seconds": round(choice.seconds_skip, 6),
+            "draft_seconds_factor": round(self._load_factor(self.draft_seconds, self.draft_seconds_by_load,
+                                                            num_requests), 4),
+            "plain_seconds_factor": round(self._load_factor(self.skip_seconds, self.skip_seconds_by_load,
+                                                            num_requests), 4),
+        }
+
     def cost_bounded_interval(self, choice: Optional[DraftChoice]) -> int:
         """Skipped steps per probe that keep the probes' extra cost within ``probe_share`` of the time."""
         if choice is None or not (choice.seconds_skip > 0) or not math.isfinite(choice.seconds_skip):

@@ -665,3 +665,43 @@ def test_a_stale_plain_step_cost_is_remeasured_sooner_near_break_even():
         assert {trace[i].reason for i in skipped} == {"refresh-skip"}
         assert skipped[1] - skipped[0] == interval + 1
     assert gate.refresh_interval(109.0, 100.0) == 8 and gate.refresh_interval(126.0, 100.0) == 40
+
+
+def test_the_gate_trace_writes_what_the_gate_predicted_and_what_the_step_did(tmp_path, monkeypatch, caplog):
+    """SGLANG_DSPARK_GATE_TRACE: one JSON line per observed decode step, with the prediction the step was decided
+    with; a path that cannot be written logs once and never stops a step."""
+    import json
+
+    from sglang_dspark.engine.gate_trace import GateTrace
+    from sglang_dspark.engine.planner import AdmissionVerifyPlanner
+
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("SGLANG_DSPARK_GATE_TRACE", str(path))
+    trace = GateTrace.from_env()
+    assert trace is not None and trace.path == str(path)
+    choice = should_draft(HIGH, FlatCost(0.02), 0.01)  # 3.94 tokens in 20 ms drafted, 1 in 10 ms plain
+    recorder = StepRecorder("cpu", clock=iter([0.0, 0.040, 1.0, 1.012]).__next__)
+    planner = AdmissionVerifyPlanner.__new__(AdmissionVerifyPlanner)
+    planner.step_cost = None
+    planner.draft_gate = DraftGate("auto")
+    planner.draft_gate.decide(lagged_survival=HIGH, cost_with_draft=FlatCost(0.02), seconds_without_draft=0.01,
+                              skip_samples=10, num_requests=1)
+    planner.survival_prior = SurvivalPrior()
+    planner._stats_error_logged = False
+    planner.gate_trace = trace
+    for drafted, accept in ((True, 2), (False, 1)):
+        recorder.start()
+        (record,) = recorder.finish(accept_lens=torch.tensor([accept]), cap_lens=torch.tensor([4 if drafted else 1]),
+                                    confidence=None, default_verify_len=4, drafted=drafted, gate_choice=choice)
+        planner.observe_step(record)
+    first, second = (json.loads(line) for line in path.read_text().splitlines())
+    assert first["R"] == 1 and first["drafted"] is True and first["committed"] == 2 and first["verify_tokens"] == 4
+    assert first["seconds"] == pytest.approx(0.040) and first["reason"] == "pays"
+    assert first["predicted_tokens"] == pytest.approx(3.94) and first["predicted_draft_seconds"] == pytest.approx(0.02)
+    assert first["predicted_plain_seconds"] == pytest.approx(0.01) and first["draft_seconds_factor"] == 1.0
+    assert second["drafted"] is False and second["seconds"] == pytest.approx(0.012) and second["pid"] == first["pid"]
+    unwritable = GateTrace(str(tmp_path / "missing-folder" / "trace.jsonl"))
+    with caplog.at_level("WARNING"):
+        unwritable.write({"R": 1})
+        unwritable.write({"R": 2})
+    assert sum("gate trace" in r.getMessage() for r in caplog.records) == 1

@@ -1,0 +1,54 @@
+"""One JSON line per decode step, for reading what the draft gate saw and did (``SGLANG_DSPARK_GATE_TRACE=path``).
+
+The gate's choices hang on small differences between learned costs (scheduling/draft_gate.py), and what went wrong in a
+run is only visible step by step: which costs were predicted, what the step took, what it committed. ``/server_info``
+shows the gate's running state, not its history. With the switch set, every decode step the planner observes appends
+one line to the file (every scheduler process appends to the same file; ``pid`` tells them apart):
+
+``t`` (host clock, s), ``pid``, ``R`` (requests), ``drafted``, ``reason`` (the gate's latest decision: this step's
+on the CPU, where a step's record is read as it ends), ``seconds`` (measured),
+``verify_tokens``, ``committed`` (tokens, anchors included), ``table_seconds`` (the profiled verify of the step), and,
+when the gate decided with a prediction: ``predicted_tokens`` and ``expected_tokens`` (per request, before and after the
+realized fit), ``predicted_draft_seconds``, ``predicted_plain_seconds`` and the two seconds factors.
+
+Lines are written unbuffered and only on the host (the step is over by then), so a trace costs a file append per
+step; off (the default) it costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Optional, TextIO
+
+from sglang_dspark import envs
+
+logger = logging.getLogger(__name__)
+
+
+class GateTrace:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file: Optional[TextIO] = None
+        self._failed = False
+
+    @classmethod
+    def from_env(cls) -> Optional["GateTrace"]:
+        path = envs.GATE_TRACE.get()
+        return cls(path) if path else None
+
+    def write(self, fields: dict) -> None:
+        """Append one step; a trace that cannot be written logs once and stops (it must never stop a decode step)."""
+        if self._failed:
+            return
+        try:
+            if self._file is None:
+                self._file = open(self.path, "a", buffering=1)
+            line = {"t": round(time.perf_counter(), 6), "pid": os.getpid()}
+            line.update(fields)
+            self._file.write(json.dumps(line, allow_nan=True) + "\n")
+        except OSError as exc:
+            self._failed = True
+            logger.warning("sglang-dspark: gate trace %s cannot be written (%s); tracing stopped", self.path, exc)

@@ -39,26 +39,20 @@ tens of steps at 65-88 ms against 40-50 ms plain steps. So when the two correcte
 
 The two throughputs are predictions, and not equally good ones. The drafted one reads the K highest lagged
 survivals, and the largest of many noisy estimates is biased upward (the candidates that look best are, on average,
-the ones overestimated most); a low reading is as biased the other way, and pauses a draft that pays. Near a tie
-those biases decide. So the gate holds its token predictions against what steps realized: :class:`RealizedTokens`
-fits the committed tokens per request of drafted steps against their prediction (a line, so it corrects high and low
-readings alike); the gate compares
+the ones overestimated most); a low reading is as biased the other way, and pauses a draft that pays; its cost is
+learned from far fewer steps than the plain step's. Near a tie those biases decide. So the gate holds its
+predictions against what steps realized: :class:`RealizedTokens` fits the committed tokens per request of drafted
+steps against their prediction (a line, so it corrects high and low readings alike), and :class:`RealizedSeconds`
+the measured against the predicted seconds of each kind of step; the gate compares
 
-    Θ'(draft) = R · E[committed per request | prediction] / t_draft      Θ'(no draft) = R / t_skip
+    Θ'(draft) = R · E[committed per request | prediction] / (κ_draft · t_draft)      Θ'(no draft) = R / (κ_skip · t_skip)
 
-The seconds need no such correction, and must not get one: ``t_draft`` and ``t_skip`` already follow what each kind of
-step measured (the learned overheads in profiler/step_overhead.py are moving averages of measured − profiled). A ratio
-of measured ÷ predicted seconds on top of them (:class:`RealizedSeconds`, which the gate used to multiply in) counts a
-change twice: a few slow plain steps raised the overhead and, measured against the predictions made before it rose,
-the ratio too, and the product then predicted a one-user plain step at 103 ms against 45-50 measured for the whole
-drafting spell that followed (nothing re-measures a plain step while drafting). The ratios are still kept, per kind of
-step, as a diagnostic (``realized_vs_predicted`` in ``/server_info``).
-
-The fit is kept per power-of-two bucket of R (the pooled fit stands in until a bucket has its own few steps): what a
-request commits per drafted step depends on the load, since the capacity search verifies fewer drafts per request
-as R grows, and one user's drafted steps (K = 2-3 drafts for one request) read at four users (the same K spread over
-four requests) made a draft that realized 1.15 tokens per request look like 1.35, and drafted 17 % of the steps at
-1.5× a plain step's cost. ``E`` never exceeds ``1 + K / R``: a step commits at most its verified drafts and anchors.
+The fit, and each seconds ratio, is kept per power-of-two bucket of R (the pooled one stands in until a bucket has its
+own few steps): what a request commits per drafted step depends on the load, since the capacity search verifies fewer
+drafts per request as R grows, and one user's drafted steps (K = 2-3 drafts for one request) read at four users (the
+same K spread over four requests) made a draft that realized 1.15 tokens per request look like 1.35, and drafted 17 %
+of the steps at 1.5× a plain step's cost. How far a step's seconds miss their prediction depends on the load too: a
+bucket's learned overhead starts from its first few steps, while the pooled ratio is mostly the one-user steps'. ``E`` never exceeds ``1 + K / R``: a step commits at most its verified drafts and anchors.
 It only moves the choice between two exact steps, never a token.
 
 A request the draft has not drafted for yet has no lagged confidence; upstream's planner reads it as survival 1 (verify
@@ -168,8 +162,8 @@ class RealizedSeconds(_Forgetting):
 
     ``Σ seconds / Σ predicted seconds``, weighted by ``2^(−age / half_life)`` (age in steps of this kind), clamped to
     ``bounds``; 1 until ``min_steps`` steps were seen. A step's seconds count at most ``max_stall`` times their
-    prediction (a stalled step: a page fault, another process on the cores). A diagnostic of the cost model (how far
-    each kind of step misses its prediction), not an input of the decision."""
+    prediction: a stalled step (a page fault, another process on the cores) says nothing about drafting, and would
+    otherwise hold the draft paused until forgotten, which while paused only the probes' few steps do."""
 
     def __init__(self, *, half_life: float = 16.0, min_steps: int = 4, max_stall: float = 4.0,
                  bounds: tuple[float, float] = (0.25, 4.0)) -> None:
@@ -361,8 +355,10 @@ class DraftGate:
         # What steps realized against their predictions (module docstring): every drafted step, and per R bucket.
         self.realized_tokens = RealizedTokens()
         self.realized_tokens_by_load: dict[int, RealizedTokens] = {}
-        self.draft_seconds = RealizedSeconds()  # diagnostics only (module docstring)
+        self.draft_seconds = RealizedSeconds()
         self.skip_seconds = RealizedSeconds()
+        self.draft_seconds_by_load: dict[int, RealizedSeconds] = {}
+        self.skip_seconds_by_load: dict[int, RealizedSeconds] = {}
 
     # ------------------------------------------------------------------ decision
 
@@ -428,12 +424,19 @@ class DraftGate:
             return min(self.refresh_close_every, self.refresh_skip_every)
         return self.refresh_skip_every
 
+    @staticmethod
+    def _load_factor(pooled: RealizedSeconds, by_load: dict[int, RealizedSeconds], num_requests: int) -> float:
+        """The seconds ratio of R's bucket once it has its own few steps, else the pooled one."""
+        own = by_load.get(load_bucket(num_requests))
+        return own.factor if own is not None and own.steps >= own.min_steps else pooled.factor
+
     def corrected_draft_throughput(self, choice: DraftChoice, num_requests: int) -> float:
-        """Θ'(draft): the prediction's committed tokens read through the fit, over its predicted seconds."""
+        """Θ'(draft): the prediction's committed tokens read through the fit, its seconds through the ratio."""
         if not (choice.seconds_draft > 0 and math.isfinite(choice.seconds_draft)) or num_requests <= 0:
             return choice.theta_draft
         per_request = self.expected_tokens(choice, num_requests)
-        return num_requests * per_request / choice.seconds_draft
+        factor = self._load_factor(self.draft_seconds, self.draft_seconds_by_load, num_requests)
+        return num_requests * per_request / (factor * choice.seconds_draft)
 
     def expected_tokens(self, choice: DraftChoice, num_requests: int) -> float:
         """E[committed tokens per request | the choice's prediction]: the fit of R's bucket, else the pooled one,
@@ -445,8 +448,10 @@ class DraftGate:
         return min(expected, 1.0 + choice.capacity / num_requests)
 
     def corrected_skip_throughput(self, choice: DraftChoice, num_requests: int) -> float:
-        """Θ'(no draft): R over the predicted plain step (no correction: module docstring)."""
-        return choice.theta_skip
+        if not (choice.seconds_skip > 0 and math.isfinite(choice.seconds_skip)) or num_requests <= 0:
+            return choice.theta_skip
+        factor = self._load_factor(self.skip_seconds, self.skip_seconds_by_load, num_requests)
+        return num_requests / (factor * choice.seconds_skip)
 
     def observe_outcome(self, choice: Optional[DraftChoice], drafted: bool, tokens: int, seconds: float,
                         num_requests: int) -> None:
@@ -462,9 +467,21 @@ class DraftGate:
                     half_life=self.realized_tokens.half_life, min_steps=self.realized_tokens.min_steps,
                     shrink=self.realized_tokens.shrink)
             self.realized_tokens_by_load[bucket].observe(predicted, realized)
-            self.draft_seconds.observe(choice.seconds_draft, float(seconds))
+            self._observe_seconds(self.draft_seconds, self.draft_seconds_by_load, num_requests,
+                                  choice.seconds_draft, float(seconds))
         else:
-            self.skip_seconds.observe(choice.seconds_skip, float(seconds))
+            self._observe_seconds(self.skip_seconds, self.skip_seconds_by_load, num_requests,
+                                  choice.seconds_skip, float(seconds))
+
+    @staticmethod
+    def _observe_seconds(pooled: RealizedSeconds, by_load: dict[int, RealizedSeconds], num_requests: int,
+                         predicted: float, seconds: float) -> None:
+        pooled.observe(predicted, seconds)
+        bucket = load_bucket(num_requests)
+        if bucket not in by_load:
+            by_load[bucket] = RealizedSeconds(half_life=pooled.half_life, min_steps=pooled.min_steps,
+                                              max_stall=pooled.max_stall, bounds=pooled.bounds)
+        by_load[bucket].observe(predicted, seconds)
 
     def trace_fields(self, choice: Optional[DraftChoice], num_requests: int) -> dict:
         """What the gate read for a step decided with ``choice`` (engine/gate_trace.py); empty without a choice."""
@@ -476,6 +493,10 @@ class DraftGate:
             "capacity": choice.capacity,
             "predicted_draft_seconds": round(choice.seconds_draft, 6),
             "predicted_plain_seconds": round(choice.seconds_skip, 6),
+            "draft_seconds_factor": round(self._load_factor(self.draft_seconds, self.draft_seconds_by_load,
+                                                            num_requests), 4),
+            "plain_seconds_factor": round(self._load_factor(self.skip_seconds, self.skip_seconds_by_load,
+                                                            num_requests), 4),
         }
 
     def cost_bounded_interval(self, choice: Optional[DraftChoice]) -> int:

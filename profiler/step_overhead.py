@@ -15,6 +15,9 @@ thousands of bounded updates to wash out, and the draft gate would read a drafte
 than it is all along. A quartile, not the median: a fresh server's first decode steps stall several times in a row
 (first-use allocations and weight packing: five of the first ten drafted steps took 0.6-2.5 s against ~80 ms), and
 a stall only ever makes a step slower, so the typical step is at the low end of the sample.
+
+With the draft gate, steps come in two kinds, drafted and plain; :class:`DraftedAndPlainOverheads` learns their
+rest as one shared level plus the draft block (its docstring says why not one overhead per kind).
 """
 
 from __future__ import annotations
@@ -45,8 +48,14 @@ class StepOverhead:
         label: str = "step",
         signed: bool = False,
         grows_with_requests: bool = False,
+        start_quantile: float = 0.25,
     ) -> None:
+        if not 0.0 <= start_quantile <= 1.0:
+            raise ValueError(f"start_quantile must be in [0, 1], got {start_quantile}")
         self.label = label
+        # Where in its first samples a bucket starts: the lower quartile for a whole step (a stall only ever makes a
+        # step slower, module docstring), the median for a difference of two steps (symmetric noise).
+        self.start_quantile = start_quantile
         # A part that grows with R (a drafted step's draft block runs over every request): read for an R above every
         # learned bucket, the nearest bucket's value is scaled up by the ratio of the buckets. Taken as it was, one
         # CPU server's c = 16 drafted steps predicted a c = 64 probe at 2× a plain step where it took 4-10×, and the
@@ -69,23 +78,29 @@ class StepOverhead:
     def observe(self, num_requests: int, measured_seconds: float, verify_seconds: float) -> bool:
         if num_requests < 1 or not math.isfinite(measured_seconds) or measured_seconds <= 0:
             return False
-        sample = measured_seconds - max(0.0, verify_seconds)
+        return self.observe_sample(num_requests, measured_seconds - max(0.0, verify_seconds), verify_seconds)
+
+    def observe_sample(self, num_requests: int, sample: float, base_seconds: float) -> bool:
+        """One sample of the learned part for R requests; ``base_seconds``: the rest of the step it belongs to (an
+        update moves the estimate by at most ``max_step_fraction`` of ``base_seconds`` + the estimate)."""
+        if num_requests < 1 or not math.isfinite(sample) or not math.isfinite(base_seconds):
+            return False
         if not self.signed:
             sample = max(0.0, sample)
         bucket = load_bucket(num_requests)
         first = self._first.get(bucket)
         if bucket not in self._seconds or first is not None and len(first) < math.ceil(1.0 / self.rate):
-            # The lower quartile of the first samples: stalled steps among them (up to 3 in 4) do not move it.
+            # A robust start (lower quartile or median of the first samples): stalled steps among them do not move it.
             first = self._first.setdefault(bucket, [])
             first.append(sample)
-            self._seconds[bucket] = sorted(first)[(len(first) - 1) // 4]
+            self._seconds[bucket] = sorted(first)[int(self.start_quantile * (len(first) - 1))]
         else:
             self._first.pop(bucket, None)
             current = self._seconds[bucket]
             # Bounded by the step this bucket is expected to take, not by the measured one: a stalled step (600 s
             # against 30 ms) moves the estimate by a quarter of 30 ms, where a bound on the measured step let it
             # add 60 s that took ~20 000 steps to wash out; a real shift still converges, the bound growing with it.
-            expected = max(max(0.0, verify_seconds) + current, 1e-6)
+            expected = max(max(0.0, base_seconds) + current, 1e-6)
             limit = self.max_step_fraction * expected
             self._seconds[bucket] = current + max(-limit, min(limit, self.rate * (sample - current)))
         self._samples[bucket] = self._samples.get(bucket, 0) + 1
@@ -121,6 +136,99 @@ class StepOverhead:
 
     def summary(self) -> dict[int, float]:
         return {bucket: round(seconds * 1e3, 3) for bucket, seconds in sorted(self._seconds.items())}
+
+
+class DraftedAndPlainOverheads:
+    """The non-verify time of both kinds of decode step, as one level they share plus the draft block:
+
+        plain step(R)      = verify(R, R) + level(R)
+        drafted step(R, B) = verify(R, B) + level(R) + block(R)
+
+    ``level`` is learned from every step (a drafted step's sample net of the block), ``block`` from adjacent pairs: a
+    drafted and a plain step one after the other at the same R (probes, pauses, resumes and the gate's re-measuring
+    steps give two each), the difference of their residuals (measured − profiled verify). Why not one overhead per
+    kind, learned from that kind's steps: the kind not being run then keeps the value it had when it stopped, and a
+    drafting spell tends to begin right after a few slow plain steps, a pause right after a few slow drafted steps, so
+    the frozen value is the selected one, and the gate's comparison of the two ran on a stale, biased cost for as long
+    as the spell lasted (a one-user plain step predicted at 70 ms through a spell of 45-50 ms steps). Here a slow
+    spell moves both kinds alike, and the gate's comparison reads the block, the one thing it decides on.
+
+    The block starts from the median of its first pairs (a difference of two steps is symmetric noise; a stall in
+    either step is an outlier either way), then moves at most ``block_step_fraction`` of the drafted step per pair:
+    pairs are few, and one noisy pair must not double the block; a step that took more than ``stall_factor`` times
+    its prediction is in no pair at all. Until R's bucket has ``min_pairs``
+    pairs, a drafted step is predicted from the drafted steps alone (``drafted_direct``, as before the pairs)."""
+
+    def __init__(self, *, min_pairs: int = 3, block_rate: float = 0.2, block_step_fraction: float = 0.05,
+                 stall_factor: float = 3.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if min_pairs < 1 or not stall_factor > 1:
+            raise ValueError(f"DraftedAndPlainOverheads: bad settings min_pairs={min_pairs}, stall_factor={stall_factor}")
+        self.min_pairs = min_pairs
+        self.stall_factor = stall_factor
+        self.level = StepOverhead(label="step level", signed=True, clock=clock)
+        self.block = StepOverhead(label="draft block", signed=True, grows_with_requests=True, start_quantile=0.5,
+                                  rate=block_rate, max_step_fraction=block_step_fraction, clock=clock)
+        self.drafted_direct = StepOverhead(label="drafted step", signed=True, grows_with_requests=True, clock=clock)
+        self.drafted = _DraftedStepOverhead(self)  # what OverheadAdjustedCost reads for a drafted step
+        self.plain_steps = 0
+        self._previous: Optional[tuple[int, bool, float, float]] = None  # (R, drafted, residual, verify seconds)
+
+    def observe(self, num_requests: int, drafted: bool, measured_seconds: float, verify_seconds: float) -> bool:
+        if num_requests < 1 or not math.isfinite(measured_seconds) or measured_seconds <= 0:
+            return False
+        verify_seconds = max(0.0, verify_seconds)
+        residual = measured_seconds - verify_seconds
+        # A stalled step (a page fault, another process on the cores) pairs with neither neighbour.
+        stalled = self.plain_steps > 0 and measured_seconds > self.stall_factor * (
+            verify_seconds + max(0.0, self.drafted_seconds(num_requests) if drafted else self.level.seconds(num_requests)))
+        previous = self._previous
+        self._previous = None if stalled else (num_requests, bool(drafted), residual, verify_seconds)
+        if not stalled and previous is not None and previous[0] == num_requests and previous[1] != bool(drafted):
+            drafted_residual, plain_residual = (residual, previous[2]) if drafted else (previous[2], residual)
+            drafted_verify = verify_seconds if drafted else previous[3]
+            # Bounded by the drafted step as predicted, not as measured: either step of the pair may have stalled.
+            self.block.observe_sample(num_requests, drafted_residual - plain_residual,
+                                      drafted_verify + max(0.0, self.level.seconds(num_requests)))
+        if drafted:
+            self.drafted_direct.observe(num_requests, measured_seconds, verify_seconds)
+            if self.has_block(num_requests):
+                block = max(0.0, self.block.seconds(num_requests))
+                self.level.observe_sample(num_requests, residual - block, verify_seconds + block)
+        else:
+            self.plain_steps += 1
+            self.level.observe(num_requests, measured_seconds, verify_seconds)
+        return True
+
+    def has_block(self, num_requests: int) -> bool:
+        """R's bucket has enough pairs for the shared form."""
+        return self.block.samples(num_requests) >= self.min_pairs
+
+    def pairs(self, num_requests: int) -> int:
+        return self.block.samples(num_requests)
+
+    def plain_seconds(self, num_requests: int) -> Optional[float]:
+        """The plain step's non-verify time for R (None before any plain step was measured)."""
+        return self.level.seconds(num_requests) if self.plain_steps else None
+
+    def drafted_seconds(self, num_requests: int) -> float:
+        if self.has_block(num_requests):
+            return self.level.seconds(num_requests) + max(0.0, self.block.seconds(num_requests))
+        return self.drafted_direct.seconds(num_requests)
+
+    def summary(self) -> dict:
+        return {"level_ms": self.level.summary(), "draft_block_ms": self.block.summary(),
+                "pairs": {bucket: self.block.samples(bucket) for bucket in self.block.summary()},
+                "drafted_step_ms": self.drafted_direct.summary()}
+
+
+class _DraftedStepOverhead:
+    """A drafted step's non-verify time, in the interface OverheadAdjustedCost reads."""
+
+    def __init__(self, costs: DraftedAndPlainOverheads) -> None:
+        self._costs = costs
+
+    def seconds(self, num_requests: int) -> float:
+        return self._costs.drafted_seconds(num_requests)
 
 
 class OverheadAdjustedCost:

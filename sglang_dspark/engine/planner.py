@@ -13,8 +13,9 @@ what this subclass adds:
 * the admission record our observability reads;
 * the draft gate (``SGLANG_DSPARK_DRAFT_GATE``, scheduling/draft_gate.py): before each decode step, on the host,
   "draft" or "plain anchor-only step" from Θ(no draft) = R / t_skip(R) vs the best Θ of a drafted step; the two
-  step costs are the profiled verify plus overheads learned separately from drafted and from skipped steps (their
-  difference is the draft block's cost). A skipped step verifies the anchors only (budget 0, verify lengths 1).
+  step costs are the profiled verify plus a level both kinds of step teach, and the drafted step's draft block on
+  top, learned from a drafted and a plain step in a row (profiler/step_overhead.py). A skipped step verifies the
+  anchors only (budget 0, verify lengths 1).
 
 It replaces ``dspark_planner.DSparkVerifyPlanner`` through HookRegistry together with our worker, so upstream's
 worker (``SGLANG_DSPARK_WORKER=upstream``) keeps upstream's planner.
@@ -37,7 +38,7 @@ from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
 from sglang_dspark.engine.gate_trace import GateTrace
 from sglang_dspark.engine.step_record import StepRecord
-from sglang_dspark.profiler.step_overhead import OverheadAdjustedCost, StepOverhead
+from sglang_dspark.profiler.step_overhead import DraftedAndPlainOverheads, OverheadAdjustedCost
 from sglang_dspark.profiler.table_trust import TableAgreement
 from sglang_dspark.scheduling.draft_gate import DraftGate, GateDecision, SurvivalPrior
 from sglang_dspark.scheduling.policy import AdmissionPolicy
@@ -148,10 +149,10 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         super().__init__(**kwargs)
         self.policy = AdmissionPolicy.from_env()
         self.sps_table = None
-        # Non-verify time of a step, learned apart for steps that ran the draft block and steps that skipped it.
-        # Signed: the learned part also corrects the table's level for the steps served (profiler/step_overhead.py).
-        self.step_overhead = StepOverhead(label="drafted step", signed=True, grows_with_requests=True)
-        self.skip_overhead = StepOverhead(label="skipped-draft step", signed=True)
+        # Non-verify time of a step: a level every step teaches plus the draft block, learned from a drafted and a
+        # plain step in a row (profiler/step_overhead.py). Signed: the level also corrects the table's for the steps
+        # served.
+        self.overheads = DraftedAndPlainOverheads()
         self.draft_gate: Optional[DraftGate] = None  # set by enable_draft_gate (our worker decides if it applies)
         self.survival_prior = SurvivalPrior()  # the gate's survivals for requests not drafted for yet
         self._gate_pending = None  # (draft_input, GateDecision) decided in prepare_verify_budget (overlap path)
@@ -219,7 +220,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         # Under TP each rank computes the budget (and so the graph tier) on its own host from this cost: anything
         # learned from local step times would make ranks diverge, so the online part stays off there.
         self._learn_overhead = int(getattr(get_parallel(), "tp_size", 1) or 1) == 1
-        self.step_cost = OverheadAdjustedCost(self.sps_table, self.step_overhead)
+        self.step_cost = OverheadAdjustedCost(self.sps_table, self.overheads.drafted)
         self.table_agreement = TableAgreement(source=obtained.source)
         self._budget_planner.cost = self.step_cost
         summary = self.sps_table.summary()
@@ -316,10 +317,11 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
 
     def _skip_step_seconds(self, num_requests: int) -> Optional[float]:
         """Time of a step that skips the draft: profiled verify of the R anchors + the learned skipped-step rest."""
-        if self.skip_overhead.updates == 0 or self.step_cost is None:
+        rest = self.overheads.plain_seconds(num_requests)
+        if rest is None or self.step_cost is None:
             return None
         verify = self.step_cost.verify_seconds(num_requests, num_requests)
-        return max(verify + self.skip_overhead.seconds(num_requests), OverheadAdjustedCost.MIN_SHARE_OF_TABLE * verify)
+        return max(verify + rest, OverheadAdjustedCost.MIN_SHARE_OF_TABLE * verify)
 
     def _decide(self, survival: Optional[torch.Tensor], num_requests: int) -> GateDecision:
         gate = self.draft_gate
@@ -331,8 +333,9 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
                 lagged_survival=survival,
                 cost_with_draft=self.step_cost,
                 seconds_without_draft=self._skip_step_seconds(num_requests),
-                skip_samples=self.skip_overhead.samples(num_requests),
+                skip_samples=self.overheads.pairs(num_requests),
                 num_requests=num_requests,
+                prior_survival=self.survival_prior.rows(num_requests),
             )
         except Exception:  # the gate must never take a decode step down: draft, as without it
             logger.exception("sglang-dspark: draft gate failed; drafting every step from now on")
@@ -345,12 +348,12 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         if gate is None:
             return None
         summary = gate.summary()
-        drafted = self.step_overhead.summary()
-        skipped = self.skip_overhead.summary()
-        summary["drafted_step_overhead_ms"] = drafted
-        summary["skipped_step_overhead_ms"] = skipped
-        # The draft block's learned cost per R bucket: the difference of the two overheads.
-        summary["draft_ms"] = {b: round(drafted[b] - skipped[b], 3) for b in drafted if b in skipped}
+        costs = self.overheads.summary()
+        summary["step_level_ms"] = costs["level_ms"]
+        summary["drafted_step_overhead_ms"] = costs["drafted_step_ms"]
+        # The draft block's learned cost per R bucket, from adjacent drafted / plain steps, and how many pairs taught it.
+        summary["draft_ms"] = costs["draft_block_ms"]
+        summary["draft_block_pairs"] = costs["pairs"]
         summary["compact_anchor_steps"] = self.compact_anchor_steps
         summary["plain_decode_steps"] = self.plain_decode_steps
         if self.pending_context_kv is not None:
@@ -387,8 +390,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
                     dict(self.sps_table.summary(), **self.table_agreement.summary())
                 )
             verify_seconds = self.step_cost.verify_scale * table_seconds
-            overhead = self.step_overhead if record.drafted else self.skip_overhead
-            overhead.observe(num_requests, record.seconds, verify_seconds)
+            self.overheads.observe(num_requests, record.drafted, record.seconds, verify_seconds)
         if self.draft_gate is not None and record.gate_choice is not None and record.seconds is not None:
             self.draft_gate.observe_outcome(record.gate_choice, record.drafted, sum(record.commit_lens), record.seconds,
                                             num_requests)

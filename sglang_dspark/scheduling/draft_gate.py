@@ -5,12 +5,13 @@ slots, the serial Markov loop and the confidence head) and then verifies the adm
 (``admission.py``) maximises ``Θ = τ · SPS`` over how many draft tokens to verify, but the draft itself is paid even
 when it admits none. This module adds the missing alternative, "no draft this step":
 
-    Θ(no draft) = R / t_skip(R)                          t_skip(R) = verify(R, R) + overhead of a skipped step
+    Θ(no draft) = R / t_skip(R)                          t_skip(R) = verify(R, R) + level(R)
     Θ(draft)    = max_K (R + Σ_{i<K} a_(i)) · SPS_draft(R, R + K)
-                                                         1/SPS_draft(R, B) = verify(R, B) + overhead of a drafted step
+                                                         1/SPS_draft(R, B) = verify(R, B) + level(R) + block(R)
 
-(``a_(i)``: the lagged survivals in descending order, as in the capacity search; the difference of the two overheads
-is the cost of the draft block for R requests.) The step drafts only when ``Θ(draft) > Θ(no draft)``; ties go to the
+(``a_(i)``: the lagged survivals in descending order, as in the capacity search; ``verify``: the profiled SPS table;
+``level``: the rest of a step, learned from every step; ``block``: the draft block for R requests, learned from a
+drafted and a plain step in a row; profiler/step_overhead.py.) The step drafts only when ``Θ(draft) > Θ(no draft)``; ties go to the
 plain step. A skipped step is an anchor-only verify: the target's own next token, sampled or greedy by the standard
 rules, so the choice cannot bias the output whatever it looks at (it is made before any draft token of the step
 exists); it is a batch-level choice (all requests draft or none).
@@ -21,47 +22,58 @@ probes keep saying "pause": a pause costs at most one draft block per ``probe_ma
 probe's confidences reach the capacity decision through the usual lag and bring drafting back when it pays again.
 Each probe also costs what a drafted step costs more than a plain one, and under load that difference grows faster
 than the plain step (the draft block runs over every request, for a verify of a few tokens), so the
-interval is also at least what keeps probes within ``probe_share`` of the time: ``(t_draft − t_skip) /
-(probe_share · t_skip)`` skipped steps per probe, from the same learned costs the decision uses.
+interval is also at least what keeps probes within ``probe_share`` of the time: ``(t_draft − E · t_skip) /
+(probe_share · t_skip)`` skipped steps per probe (``E``: the committed tokens per request expected of it), from the
+same learned costs and fit the decision uses.
+Near break-even the back-off does not apply: while the corrected throughputs are within ``probe_close_margin`` of
+each other, probes come every ``probe_min`` steps (the cost bound still holds). There the choice is the least certain
+(a one-user draft that paid 8 % read 0.92× on the fit of its last 16 probes, and stayed paused), and a probe costs
+little: its cost is counted net, ``t_draft − E · t_skip``, what it takes more than plain steps would to commit what
+it is expected to commit.
 The back-off survives a short comeback: a probe that happens to land on an easy stretch resumes drafting for a step
 or two and pauses again, and restarting the probes at ``probe_min`` then would make such a draft flap between the two
 (a probe every few steps instead of every ``probe_max``). The interval goes back to ``probe_min`` only when drafting
 held for ``steady_spell`` steps before the next pause.
-The skipped-step cost is learned from skipped steps, so until a few have been measured the gate also skips one step
-in ``learn_skip_every`` (a plain decode step: it costs only the drafts it does not verify).
-The same holds the other way round while drafting: the skipped-step cost is then the one measured before the drafting
-spell began, and it is not a random one, since a spell tends to begin just after a few slow plain steps (a machine-wide
-slow spell, another process on the cores) made a plain step look dearer than it is. Left alone until
-``refresh_skip_every`` drafted steps, that stale cost kept a four-user load drafting at ~1.35 tokens per request for
-tens of steps at 65-88 ms against 40-50 ms plain steps. So when the two corrected throughputs are within
-``close_margin`` of each other, where a stale reading can flip the choice, the gate re-measures a plain step every
-``refresh_close_every`` drafted steps; far from break-even one in ``refresh_skip_every`` suffices.
+The draft block's cost is learned from a drafted and a plain step in a row (profiler/step_overhead.py,
+``DraftedAndPlainOverheads``: one level every step teaches, the block on top from such pairs), so until R's bucket
+has ``min_skip_samples`` pairs the gate also skips one step in ``learn_skip_every`` (a plain decode step: it costs
+only the drafts it does not verify). While drafting, pairs come only from plain steps the gate puts in: when the two
+corrected throughputs are within ``close_margin`` of each other, where the block's estimate decides, one every
+``refresh_close_every`` drafted steps; far from break-even one in ``refresh_skip_every`` suffices. (Before the shared
+level, these steps were the only way to re-measure a plain step while drafting, and a drafting spell begun on a few
+slow plain steps held on their cost: a four-user load drafted at ~1.35 tokens per request for tens of steps at 65-88
+ms against 40-50 ms plain steps.)
 
 The two throughputs are predictions, and not equally good ones. The drafted one reads the K highest lagged
 survivals, and the largest of many noisy estimates is biased upward (the candidates that look best are, on average,
-the ones overestimated most); a low reading is as biased the other way, and pauses a draft that pays; its cost is
-learned from far fewer steps than the plain step's. Near a tie those biases decide. So the gate holds its
-predictions against what steps realized: :class:`RealizedTokens` fits the committed tokens per request of drafted
-steps against their prediction (a line, so it corrects high and low readings alike), and :class:`RealizedSeconds`
-the measured against the predicted seconds of each kind of step; the gate compares
+the ones overestimated most); a low reading is as biased the other way, and pauses a draft that pays. Near a tie
+those biases decide. So the gate holds its token predictions against what steps realized: :class:`RealizedTokens`
+fits the committed tokens per request of drafted steps against their prediction (a line, so it corrects high and low
+readings alike); the gate compares
 
-    Θ'(draft) = R · E[committed per request | prediction] / (κ_draft · t_draft)      Θ'(no draft) = R / (κ_skip · t_skip)
+    Θ'(draft) = R · E[committed per request | prediction] / t_draft      Θ'(no draft) = R / t_skip
 
-The fit, and each seconds ratio, is kept per power-of-two bucket of R (the pooled one stands in until a bucket has its
-own few steps): what a request commits per drafted step depends on the load, since the capacity search verifies fewer
-drafts per request as R grows, and one user's drafted steps (K = 2-3 drafts for one request) read at four users (the
-same K spread over four requests) made a draft that realized 1.15 tokens per request look like 1.35, and drafted 17 %
-of the steps at 1.5× a plain step's cost. How far a step's seconds miss their prediction depends on the load too: a
-bucket's learned overhead starts from its first few steps, while the pooled ratio is mostly the one-user steps'.
-``E`` never exceeds ``1 + K / R``: a step commits at most its verified drafts and anchors. It only moves the choice
-between two exact steps, never a token.
+The seconds need no such correction, and must not get one: ``t_draft`` and ``t_skip`` already follow the measured
+steps (the shared level is a moving average of measured − profiled over every step, drafted or plain). A ratio of
+measured ÷ predicted seconds on top of them (:class:`RealizedSeconds`, which the gate used to multiply in) counts a
+change twice: a few slow plain steps raised the overhead and, measured against the predictions made before it rose,
+the ratio too, and the product then predicted a one-user plain step at 103 ms against 45-50 measured for the whole
+drafting spell that followed. The ratios are still kept, per kind of step, as a diagnostic (``realized_vs_predicted``
+in ``/server_info``). Taking them out was only safe together with the two token-side changes below: the inflated
+plain cost had been masking both (two one-user runs without it paused a draft that paid 15-20 %).
 
-Known weakness of the seconds ratios: they multiply predictions whose learned overheads (profiler/step_overhead.py)
-already follow the same measured steps, so a slowdown counts twice, and for the kind of step not being run the
-product stays as it was (a one-user plain step read as 103 ms against 45-50 measured through a drafting spell).
-Taken out alone, they let two one-user runs pause a draft that paid 15-20 %: the inflated plain cost had masked the
-stale survival reading a pause starts on and a token fit levelled on its first few drafted steps. Both sides want
-fixing together (issue #11's notes: a shared level learned from every step, the draft block from adjacent pairs).
+A pause starts on a low reading, and while paused no step produces confidences, so the lagged survival stays the
+reading that caused the pause (selected low) until the next probe, however long the back-off. Past ``fresh_steps``
+decisions without a drafted step, the gate reads the population prior instead (``prior_survival``, the
+:class:`SurvivalPrior` of the recent drafted steps): a draft that pays on average resumes two steps after a pause on
+one low reading, and a draft that does not stays paused on its average, not its worst reading.
+
+The fit is kept per power-of-two bucket of R, starting from the pooled fit (:class:`RealizedTokens`): what a
+request commits per drafted step depends on the load, since the capacity search verifies fewer drafts per request
+as R grows, and one user's drafted steps (K = 2-3 drafts for one request) read at four users (the same K spread over
+four requests) made a draft that realized 1.15 tokens per request look like 1.35, and drafted 17 % of the steps at
+1.5× a plain step's cost. ``E`` never exceeds ``1 + K / R``: a step commits at most its verified drafts and anchors.
+It only moves the choice between two exact steps, never a token.
 
 A request the draft has not drafted for yet has no lagged confidence; upstream's planner reads it as survival 1 (verify
 everything), which is right for the admission of a drafted step but would make every arriving request restart
@@ -170,8 +182,8 @@ class RealizedSeconds(_Forgetting):
 
     ``Σ seconds / Σ predicted seconds``, weighted by ``2^(−age / half_life)`` (age in steps of this kind), clamped to
     ``bounds``; 1 until ``min_steps`` steps were seen. A step's seconds count at most ``max_stall`` times their
-    prediction: a stalled step (a page fault, another process on the cores) says nothing about drafting, and would
-    otherwise hold the draft paused until forgotten, which while paused only the probes' few steps do."""
+    prediction (a stalled step: a page fault, another process on the cores). A diagnostic of the cost model (how far
+    each kind of step misses its prediction), not an input of the decision."""
 
     def __init__(self, *, half_life: float = 16.0, min_steps: int = 4, max_stall: float = 4.0,
                  bounds: tuple[float, float] = (0.25, 4.0)) -> None:
@@ -208,15 +220,21 @@ class RealizedTokens(_Forgetting):
     prediction low, and a pause, decided on a low reading, is never corrected by it. ``β`` is shrunk toward 1
     (predictions as they are) by ``shrink``, in the units of ``Σ w (x − x̄)²``: with little spread in ``x`` (while
     paused, every prediction is the population prior) the fit corrects the level only; ``β`` stays within [0, 1]
-    (a higher prediction never predicts fewer tokens, nor more than it says). Before ``min_steps`` drafted steps,
-    the prediction stands."""
+    (a higher prediction never predicts fewer tokens, nor more than it says).
 
-    def __init__(self, *, half_life: float = 32.0, min_steps: int = 4, shrink: float = 0.5) -> None:
-        if min_steps < 1 or not shrink > 0:
-            raise ValueError(f"RealizedTokens: bad settings min_steps={min_steps}, shrink={shrink}")
+    The fit starts from a prior: ``prior_steps`` pseudo-steps, forgotten like real steps, blended in as
+    ``(W · fit(x) + W₀ · prior(x)) / (W + W₀)`` (``W``, ``W₀``: the weights of the real and of the pseudo-steps);
+    the prior is the prediction itself (``y = x``) for the pooled fit, the pooled fit for a load bucket's. A hard
+    "fit only after N steps" let a fit of the first few drafted steps decide alone: four steps that committed 1.0
+    token each made every later prediction of 1.31 read 1.0, and paused a one-user draft whose drafted steps went on
+    to commit 1.44."""
+
+    def __init__(self, *, half_life: float = 32.0, shrink: float = 0.5, prior_steps: float = 4.0) -> None:
+        if not shrink > 0 or not prior_steps >= 0:
+            raise ValueError(f"RealizedTokens: bad settings shrink={shrink}, prior_steps={prior_steps}")
         super().__init__(half_life, 5)  # w, Σwx, Σwy, Σwx², Σwxy
-        self.min_steps = min_steps
         self.shrink = shrink
+        self.prior_steps = prior_steps
 
     def observe(self, predicted: float, realized: float) -> bool:
         if not all(math.isfinite(v) and v > 0 for v in (predicted, realized)):
@@ -233,11 +251,16 @@ class RealizedTokens(_Forgetting):
         slope = (covariance + self.shrink) / (spread + self.shrink)
         return x_mean, y_mean, min(max(slope, 0.0), 1.0)
 
-    def expected(self, predicted: float) -> float:
-        if self.steps < self.min_steps:
-            return predicted
+    def expected(self, predicted: float, prior: Optional[float] = None) -> float:
+        """E[y | x = ``predicted``]; ``prior``: what to read before any step (default: ``predicted``)."""
+        prior = predicted if prior is None else prior
+        if self.steps == 0:
+            return max(1.0, prior)
         x_mean, y_mean, slope = self.line()
-        return max(1.0, y_mean + slope * (predicted - x_mean))  # a step commits at least its anchor
+        fitted = y_mean + slope * (predicted - x_mean)
+        weight, prior_weight = self.sums[0], self.prior_steps * self.keep ** self.steps
+        blended = (weight * fitted + prior_weight * prior) / (weight + prior_weight)
+        return max(1.0, blended)  # a step commits at least its anchor
 
 
 @dataclass(frozen=True)
@@ -331,6 +354,8 @@ class DraftGate:
         max_probe_interval: int = 4096,
         refresh_close_every: int = 32,
         close_margin: float = 0.25,
+        fresh_steps: int = 1,
+        probe_close_margin: float = 0.15,
     ) -> None:
         if mode not in GATE_MODES:
             raise ValueError(f"unknown draft gate mode {mode!r}; choose one of {', '.join(GATE_MODES)}")
@@ -348,11 +373,17 @@ class DraftGate:
         self.max_probe_interval = max_probe_interval
         self.refresh_close_every = refresh_close_every
         self.close_margin = close_margin
+        # Decisions after the last drafted one whose lagged survival may still come from a drafted step (the overlap
+        # path reads confidences two steps back); past them, the reading is the stale one of a paused spell.
+        self.fresh_steps = fresh_steps
+        self.probe_close_margin = probe_close_margin
+        self._probe_near = False  # the last paused decision was within probe_close_margin of break-even
         self._drafting_spell = 0  # "pays" steps since the last resume
         self.paused = False
         self.probe_interval = probe_min
         self._skipped_since_probe = 0
         self._drafted_since_skip = 0
+        self._decisions_since_draft = 0  # decisions since the last drafted one (0: the previous one drafted)
         self.decisions = 0
         self.drafted = 0
         self.skipped = 0
@@ -363,10 +394,8 @@ class DraftGate:
         # What steps realized against their predictions (module docstring): every drafted step, and per R bucket.
         self.realized_tokens = RealizedTokens()
         self.realized_tokens_by_load: dict[int, RealizedTokens] = {}
-        self.draft_seconds = RealizedSeconds()
+        self.draft_seconds = RealizedSeconds()  # diagnostics only (module docstring)
         self.skip_seconds = RealizedSeconds()
-        self.draft_seconds_by_load: dict[int, RealizedSeconds] = {}
-        self.skip_seconds_by_load: dict[int, RealizedSeconds] = {}
 
     # ------------------------------------------------------------------ decision
 
@@ -378,8 +407,13 @@ class DraftGate:
         seconds_without_draft: Optional[float],
         skip_samples: int = 0,
         num_requests: Optional[int] = None,
+        prior_survival: Optional[torch.Tensor] = None,
     ) -> GateDecision:
+        """``prior_survival``: the population's survivals for R rows (:class:`SurvivalPrior`), read instead of
+        ``lagged_survival`` once that reading is stale (module docstring)."""
         step = self.decisions
+        if prior_survival is not None and self._decisions_since_draft > self.fresh_steps:
+            lagged_survival = prior_survival
         if self.mode == "off":
             decision = GateDecision(True, "off")
         elif self.mode == "pause":
@@ -422,7 +456,13 @@ class DraftGate:
             return GateDecision(True, "pays", choice)
         if not self.paused:
             return GateDecision(False, "pause", choice)
-        if self._skipped_since_probe >= max(self.probe_interval, self.cost_bounded_interval(choice)):
+        # Near break-even the back-off does not apply (module docstring): there a probe costs little and the choice
+        # is the least certain; the cost bound still holds, on a probe's net cost.
+        self._probe_near = self.mode != "comeback" and skip_rate > 0 and (
+            draft_rate * (1.0 + self.probe_close_margin) >= skip_rate)
+        expected = self.expected_tokens(choice, num_requests) if self.mode != "comeback" else None
+        back_off = self.probe_min if self._probe_near else self.probe_interval
+        if self._skipped_since_probe >= max(back_off, self.cost_bounded_interval(choice, expected)):
             return GateDecision(True, "probe", choice)
         return GateDecision(False, "pause", choice)
 
@@ -432,34 +472,26 @@ class DraftGate:
             return min(self.refresh_close_every, self.refresh_skip_every)
         return self.refresh_skip_every
 
-    @staticmethod
-    def _load_factor(pooled: RealizedSeconds, by_load: dict[int, RealizedSeconds], num_requests: int) -> float:
-        """The seconds ratio of R's bucket once it has its own few steps, else the pooled one."""
-        own = by_load.get(load_bucket(num_requests))
-        return own.factor if own is not None and own.steps >= own.min_steps else pooled.factor
-
     def corrected_draft_throughput(self, choice: DraftChoice, num_requests: int) -> float:
-        """Θ'(draft): the prediction's committed tokens read through the fit, its seconds through the ratio."""
+        """Θ'(draft): the prediction's committed tokens read through the fit, over its predicted seconds."""
         if not (choice.seconds_draft > 0 and math.isfinite(choice.seconds_draft)) or num_requests <= 0:
             return choice.theta_draft
         per_request = self.expected_tokens(choice, num_requests)
-        factor = self._load_factor(self.draft_seconds, self.draft_seconds_by_load, num_requests)
-        return num_requests * per_request / (factor * choice.seconds_draft)
+        return num_requests * per_request / choice.seconds_draft
 
     def expected_tokens(self, choice: DraftChoice, num_requests: int) -> float:
-        """E[committed tokens per request | the choice's prediction]: the fit of R's bucket, else the pooled one,
-        at most the anchor plus the verified drafts per request."""
+        """E[committed tokens per request | the choice's prediction]: the fit of R's bucket, starting from the pooled
+        one, at most the anchor plus the verified drafts per request."""
+        predicted = choice.tokens_draft / num_requests
+        expected = self.realized_tokens.expected(predicted)
         fit = self.realized_tokens_by_load.get(load_bucket(num_requests))
-        if fit is None or fit.steps < fit.min_steps:
-            fit = self.realized_tokens
-        expected = fit.expected(choice.tokens_draft / num_requests)
+        if fit is not None:
+            expected = fit.expected(predicted, prior=expected)
         return min(expected, 1.0 + choice.capacity / num_requests)
 
     def corrected_skip_throughput(self, choice: DraftChoice, num_requests: int) -> float:
-        if not (choice.seconds_skip > 0 and math.isfinite(choice.seconds_skip)) or num_requests <= 0:
-            return choice.theta_skip
-        factor = self._load_factor(self.skip_seconds, self.skip_seconds_by_load, num_requests)
-        return num_requests / (factor * choice.seconds_skip)
+        """Θ'(no draft): R over the predicted plain step (no correction: module docstring)."""
+        return choice.theta_skip
 
     def observe_outcome(self, choice: Optional[DraftChoice], drafted: bool, tokens: int, seconds: float,
                         num_requests: int) -> None:
@@ -472,24 +504,12 @@ class DraftGate:
             bucket = load_bucket(num_requests)
             if bucket not in self.realized_tokens_by_load:
                 self.realized_tokens_by_load[bucket] = RealizedTokens(
-                    half_life=self.realized_tokens.half_life, min_steps=self.realized_tokens.min_steps,
-                    shrink=self.realized_tokens.shrink)
+                    half_life=self.realized_tokens.half_life, shrink=self.realized_tokens.shrink,
+                    prior_steps=self.realized_tokens.prior_steps)
             self.realized_tokens_by_load[bucket].observe(predicted, realized)
-            self._observe_seconds(self.draft_seconds, self.draft_seconds_by_load, num_requests,
-                                  choice.seconds_draft, float(seconds))
+            self.draft_seconds.observe(choice.seconds_draft, float(seconds))
         else:
-            self._observe_seconds(self.skip_seconds, self.skip_seconds_by_load, num_requests,
-                                  choice.seconds_skip, float(seconds))
-
-    @staticmethod
-    def _observe_seconds(pooled: RealizedSeconds, by_load: dict[int, RealizedSeconds], num_requests: int,
-                         predicted: float, seconds: float) -> None:
-        pooled.observe(predicted, seconds)
-        bucket = load_bucket(num_requests)
-        if bucket not in by_load:
-            by_load[bucket] = RealizedSeconds(half_life=pooled.half_life, min_steps=pooled.min_steps,
-                                              max_stall=pooled.max_stall, bounds=pooled.bounds)
-        by_load[bucket].observe(predicted, seconds)
+            self.skip_seconds.observe(choice.seconds_skip, float(seconds))
 
     def trace_fields(self, choice: Optional[DraftChoice], num_requests: int) -> dict:
         """What the gate read for a step decided with ``choice`` (engine/gate_trace.py); empty without a choice."""
@@ -501,17 +521,17 @@ class DraftGate:
             "capacity": choice.capacity,
             "predicted_draft_seconds": round(choice.seconds_draft, 6),
             "predicted_plain_seconds": round(choice.seconds_skip, 6),
-            "draft_seconds_factor": round(self._load_factor(self.draft_seconds, self.draft_seconds_by_load,
-                                                            num_requests), 4),
-            "plain_seconds_factor": round(self._load_factor(self.skip_seconds, self.skip_seconds_by_load,
-                                                            num_requests), 4),
         }
 
-    def cost_bounded_interval(self, choice: Optional[DraftChoice]) -> int:
-        """Skipped steps per probe that keep the probes' extra cost within ``probe_share`` of the time."""
+    def cost_bounded_interval(self, choice: Optional[DraftChoice], expected_tokens: Optional[float] = None) -> int:
+        """Skipped steps per probe that keep the probes' extra cost within ``probe_share`` of the time.
+
+        A probe's cost is what it takes more than plain steps would to commit what it is expected to commit,
+        ``t_draft − E · t_skip`` (``expected_tokens`` per request; None: 1, the drafted step's whole extra time)."""
         if choice is None or not (choice.seconds_skip > 0) or not math.isfinite(choice.seconds_skip):
             return 0
-        extra = choice.seconds_draft - choice.seconds_skip
+        tokens = 1.0 if expected_tokens is None or not math.isfinite(expected_tokens) else max(1.0, expected_tokens)
+        extra = choice.seconds_draft - tokens * choice.seconds_skip
         if not extra > 0:
             return 0
         steps = extra / (self.probe_share * choice.seconds_skip)
@@ -523,9 +543,11 @@ class DraftGate:
         if decision.draft:
             self.drafted += 1
             self._drafted_since_skip += 1
+            self._decisions_since_draft = 0
         else:
             self.skipped += 1
             self._drafted_since_skip = 0
+            self._decisions_since_draft += 1
         if decision.reason == "pause":
             if not self.paused:
                 self.paused = True
@@ -536,7 +558,8 @@ class DraftGate:
             self._skipped_since_probe += 1
         elif decision.reason == "probe":
             self._skipped_since_probe = 0
-            self.probe_interval = min(2 * self.probe_interval, self.probe_max)
+            if not self._probe_near:
+                self.probe_interval = min(2 * self.probe_interval, self.probe_max)
         elif decision.reason == "pays":
             if self.paused:
                 self.paused = False

@@ -218,12 +218,13 @@ def test_realized_tokens_fit_the_conditional_mean_even_on_selected_steps():
     assert fit.line()[2] == pytest.approx(0.5, abs=0.06)
     ratio = float(truth[selected].sum() / predicted[selected].sum())
     assert ratio * 1.3 < 1.4 - 0.15  # the ratio misreads a low reading
-    # Before min_steps the prediction stands; with no spread in x the fit corrects the level only (β shrunk to 1).
-    level = RealizedTokens(min_steps=4)
+    # With no step the prediction stands; with no spread in x the fit corrects the level only (β shrunk to 1), once
+    # the pseudo-steps on y = x it starts from are forgotten.
+    level = RealizedTokens()
     assert level.expected(1.7) == 1.7
-    for _ in range(20):
+    for _ in range(200):
         level.observe(1.7, 1.2)
-    assert level.expected(1.7) == pytest.approx(1.2) and level.expected(1.9) == pytest.approx(1.4)
+    assert level.expected(1.7) == pytest.approx(1.2, abs=1e-3) and level.expected(1.9) == pytest.approx(1.4, abs=1e-3)
     assert level.expected(1.0) == 1.0  # never below the anchor
     assert not level.observe(0.0, 1.0) and not level.observe(1.0, math.inf)
     with pytest.raises(ValueError, match="RealizedTokens"):
@@ -247,7 +248,7 @@ def _serve(gate, steps, *, survival, cost, skip, realized_tokens, drafted_second
 
 def _blind(gate):
     """The same gate with its realized corrections held off (predictions as they are)."""
-    gate.realized_tokens.min_steps = gate.draft_seconds.min_steps = gate.skip_seconds.min_steps = 10**9
+    gate.expected_tokens = lambda choice, num_requests: choice.tokens_draft / num_requests
     return gate
 
 
@@ -259,22 +260,80 @@ def test_a_draft_that_realizes_less_than_predicted_is_paused():
     serve = dict(survival=promised, cost=FlatCost(0.015), skip=0.010, realized_tokens=1.2, drafted_seconds=0.015)
     gate = DraftGate("auto")
     drafted, throughput = _serve(gate, 2000, **serve)
-    assert gate.realized_tokens.expected(2.5) == pytest.approx(1.2)
-    assert drafted <= 2000 / 64 + 10  # the probes and the first steps only
+    assert gate.realized_tokens.expected(2.5) == pytest.approx(1.2, abs=0.1)  # the probes' steps, pseudo-steps fading
+    # The first steps, then probes: every 64 steps far from break-even, more often while the fit still reads the
+    # draft within 15 % of it (a probe then costs little: 15 ms for 1.2 tokens against 12 ms for them plain).
+    assert drafted <= 60
     assert throughput >= 0.98 * 100
     drafted, throughput = _serve(_blind(DraftGate("auto")), 2000, **serve)
     assert drafted >= 0.9 * 2000 and throughput == pytest.approx(80, rel=0.05)
 
 
+class FlatTable:
+    """An SPS table whose verify takes ``seconds`` whatever R and B (for OverheadAdjustedCost)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def step_seconds(self, num_requests, verify_tokens):
+        return self.seconds
+
+    def step_seconds_tensor(self, num_requests, verify_tokens):
+        return torch.full(verify_tokens.shape, self.seconds, dtype=torch.float64)
+
+
+def _serve_learning(gate, steps, *, survival, plain_seconds, drafted_seconds, realized_tokens, table=0.008):
+    """One user through the planner's cost loop: a flat verify table, the rest of each kind of step learned from the
+    measured steps (DraftedAndPlainOverheads, as the planner does), the gate deciding on those predictions. A drafted
+    step commits ``realized_tokens``; ``plain_seconds`` / ``drafted_seconds`` may be callables of the step index.
+    Returns (drafted steps, tokens/s)."""
+    from sglang_dspark.profiler.step_overhead import DraftedAndPlainOverheads, OverheadAdjustedCost
+
+    overheads = DraftedAndPlainOverheads()
+    cost = OverheadAdjustedCost(FlatTable(table), overheads.drafted)
+    drafted = tokens = seconds = 0.0
+    for i in range(steps):
+        rest = overheads.plain_seconds(1)
+        decision = gate.decide(lagged_survival=survival, cost_with_draft=cost,
+                               seconds_without_draft=None if rest is None else table + rest,
+                               skip_samples=overheads.pairs(1), num_requests=1)
+        measured = drafted_seconds if decision.draft else plain_seconds
+        measured = measured(i) if callable(measured) else measured
+        step_tokens = realized_tokens if decision.draft else 1
+        overheads.observe(1, decision.draft, measured, table)
+        gate.observe_outcome(decision.choice, decision.draft, step_tokens, measured, 1)
+        drafted += decision.draft
+        tokens += step_tokens
+        seconds += measured
+    return drafted, tokens / seconds
+
+
 def test_a_draft_whose_steps_cost_more_than_predicted_is_paused():
-    """Tokens as promised (2.5 per step) but each drafted step takes 30 ms where 15 ms were predicted: 83 tokens/s
-    against 100. The seconds ratio pauses it."""
+    """Tokens as promised (2.5 per step) but each drafted step takes 30 ms where the table's verify reads 8 ms: 83
+    tokens/s against 100 for a 10 ms plain step. The drafted-step overhead learned from the steps pauses it after
+    the first (no-information) steps. 2 000 simulated steps."""
     promised = torch.tensor([[0.6, 0.5, 0.4]], dtype=torch.float64)
+    drafted, throughput = _serve_learning(DraftGate("auto"), 2000, survival=promised, plain_seconds=0.010,
+                                          drafted_seconds=0.030, realized_tokens=2.5)
+    assert drafted <= 20 + 2000 * 0.02 * 0.010 / 0.020 + 10  # the first steps, then probes within 2 % of the time
+    assert throughput >= 0.97 * 100
+
+
+def test_a_slow_spell_of_plain_steps_is_not_counted_twice():
+    """The learned plain-step overhead already follows a slow spell; a measured ÷ predicted ratio on top of it would
+    count the spell twice and, frozen through the drafting spell that follows (nothing re-measures a plain step
+    then), predict the plain step at far more than it costs. The gate keeps that ratio as a diagnostic only."""
     gate = DraftGate("auto")
-    drafted, throughput = _serve(gate, 2000, survival=promised, cost=FlatCost(0.015), skip=0.010,
-                                 realized_tokens=2.5, drafted_seconds=0.030)
-    assert gate.draft_seconds.factor == pytest.approx(2.0) and drafted <= 2000 / 64 + 10
-    assert throughput >= 0.98 * 100
+    choice = should_draft(LOW, FlatCost(0.020), 0.016)
+    for _ in range(8):  # plain steps at twice what was predicted for them
+        gate.observe_outcome(choice, False, 1, 0.032, 1)
+    assert gate.skip_seconds.factor == pytest.approx(2.0)
+    assert gate.corrected_skip_throughput(choice, 1) == pytest.approx(1 / 0.016)
+    for _ in range(8):
+        gate.observe_outcome(choice, True, 2, 0.060, 1)
+    assert gate.draft_seconds.factor == pytest.approx(3.0)
+    assert gate.corrected_draft_throughput(choice, 1) == pytest.approx(
+        gate.expected_tokens(choice, 1) / choice.seconds_draft)
 
 
 def test_a_draft_that_realizes_its_prediction_keeps_drafting():
@@ -293,7 +352,7 @@ def test_a_draft_that_realizes_its_prediction_keeps_drafting():
     # Predicted 90/s: paused; the probes (at most one per 50 steps: a probe costs twice a plain step, 2 % share)
     # learn the realized 150/s.
     _serve(gate, 400, **serve)
-    assert gate.realized_tokens.expected(1.8) == pytest.approx(3.0) and gate.resumes >= 1
+    assert gate.realized_tokens.expected(1.8) == pytest.approx(3.0, rel=1e-3) and gate.resumes >= 1
     drafted, _ = _serve(gate, 500, **serve)
     assert drafted >= 0.9 * 500
 
@@ -428,16 +487,128 @@ def test_skipped_steps_are_recorded_as_such():
     assert stats.summary()["draft_gate"] == {"mode": "auto", "draft_ms": {"1": 4.0}}
 
 
-def test_overheads_learn_apart_and_give_the_draft_cost():
-    from sglang_dspark.profiler.step_overhead import StepOverhead
+def test_the_draft_block_is_learned_from_adjacent_steps_and_a_slow_spell_moves_both_kinds():
+    """Verify 12 ms (the table); the rest of a plain step 4 ms, the draft block 14 ms more. Drafted steps with a plain
+    step every 8th teach the block from the pairs; then a slow spell (+10 ms on every step) while only drafted steps
+    run moves the plain step's prediction too (a per-kind overhead would keep the 4 ms it had when plain steps
+    stopped); a 600 s stalled plain step pairs with neither neighbour."""
+    from sglang_dspark.profiler.step_overhead import DraftedAndPlainOverheads
 
-    drafted, skipped = StepOverhead(), StepOverhead()
-    for _ in range(5):
-        drafted.observe(2, 0.030, 0.012)  # 18 ms besides the verify
-        skipped.observe(2, 0.016, 0.012)  # 4 ms
-    assert skipped.samples(2) == 5 and skipped.samples(8) == 0 and skipped.known(8) is None
-    assert drafted.seconds(2) - skipped.seconds(2) == pytest.approx(0.014)
-    assert not math.isnan(drafted.seconds(2))
+    costs = DraftedAndPlainOverheads()
+    assert costs.plain_seconds(2) is None and costs.drafted_seconds(2) == 0.0
+    for step in range(79):  # ends on a drafted step
+        plain = step % 8 == 7
+        costs.observe(2, not plain, 0.016 if plain else 0.030, 0.012)
+    assert costs.pairs(2) == 18 and costs.pairs(8) == 0 and costs.has_block(2) and not costs.has_block(8)
+    assert costs.plain_seconds(2) == pytest.approx(0.004, abs=1e-6)
+    assert costs.drafted_seconds(2) == pytest.approx(0.018, abs=1e-6)
+    assert costs.drafted.seconds(2) == costs.drafted_seconds(2)  # what OverheadAdjustedCost reads
+    for _ in range(60):
+        costs.observe(2, True, 0.040, 0.012)
+    assert costs.plain_seconds(2) == pytest.approx(0.014, abs=5e-4)  # the plain step would take 26 ms now
+    assert costs.drafted_seconds(2) == pytest.approx(0.028, abs=5e-4)
+    block = costs.block.seconds(2)
+    costs.observe(2, False, 600.0, 0.012)
+    costs.observe(2, True, 0.040, 0.012)
+    assert costs.block.seconds(2) == block and costs.pairs(2) == 18
+    assert not costs.observe(2, True, math.nan, 0.012) and not costs.observe(0, True, 0.03, 0.012)
+
+
+def test_the_first_pairs_start_the_block_at_their_median():
+    """Pair differences are symmetric noise around the block (here 10 ms ± 6): the median of the first ones, not the
+    lower quartile a whole step's overhead starts from (which would read the block 3-6 ms low)."""
+    from sglang_dspark.profiler.step_overhead import DraftedAndPlainOverheads
+
+    costs = DraftedAndPlainOverheads(min_pairs=1, block_rate=0.1)  # the first 10 pairs start it
+    for noise in (-0.006, 0.004, 0.0, -0.004, 0.006):  # each drafted step pairs with the plain steps on both sides
+        costs.observe(1, False, 0.020, 0.010)
+        costs.observe(1, True, 0.030 + noise, 0.010)
+    costs.observe(1, False, 0.020, 0.010)
+    assert costs.pairs(1) == 10 and costs.block.seconds(1) == pytest.approx(0.010, abs=1e-9)
+
+
+def _serve_after_slow_plain_steps(shared_level: bool, steps: int = 600):
+    """One user; a drafted step commits 1.2 tokens in 13 ms (92 tokens/s), a plain step 1 in 10 ms (100 tokens/s):
+    drafting loses 8 %. Plain steps 60-71 hit a slow spell (25 ms), the kind of spell that in a real trace started
+    a drafting spell. Per-kind overheads (``shared_level`` False: how the planner learned costs before) keep the slow
+    plain cost through the drafting spell that follows; the shared level learns from the drafted steps that the
+    spell is over. The survivals promise what the steps realize. Returns drafted steps after the spell."""
+    from sglang_dspark.profiler.step_overhead import DraftedAndPlainOverheads, OverheadAdjustedCost, StepOverhead
+
+    table = 0.008
+    survival = torch.tensor([[0.2, 0.0, 0.0]], dtype=torch.float64)
+    overheads = DraftedAndPlainOverheads()
+    per_kind = {True: StepOverhead(signed=True, grows_with_requests=True), False: StepOverhead(signed=True)}
+    cost = OverheadAdjustedCost(FlatTable(table), overheads.drafted if shared_level else per_kind[True])
+    gate = DraftGate("auto", probe_close_margin=0.0)  # the back-off's probes only: what is measured is the spell
+    plain_steps = drafted_after = 0
+    for step in range(steps):
+        if shared_level:
+            rest, samples = overheads.plain_seconds(1), overheads.pairs(1)
+        else:
+            rest = per_kind[False].seconds(1) if per_kind[False].updates else None
+            samples = per_kind[False].samples(1)
+        decision = gate.decide(lagged_survival=survival, cost_with_draft=cost,
+                               seconds_without_draft=None if rest is None else table + rest,
+                               skip_samples=samples, num_requests=1)
+        if decision.draft:
+            measured = 0.013
+            drafted_after += step >= 72
+        else:
+            measured = 0.025 if 60 <= step < 72 else 0.010
+            plain_steps += 1
+        overheads.observe(1, decision.draft, measured, table)
+        per_kind[decision.draft].observe(1, measured, table)
+        gate.observe_outcome(decision.choice, decision.draft, 1.2 if decision.draft else 1, measured, 1)
+    return drafted_after
+
+
+def test_a_slow_spell_of_plain_steps_does_not_start_a_drafting_spell_that_holds():
+    """The harness catches the stale plain cost (per-kind overheads draft ~a third of the 528 steps after the spell,
+    each at an 8 % loss); the shared level drafts until the drafted steps have pulled the level back (its moving
+    average, ~30 steps here), then probes within 2 % of the time."""
+    stale = _serve_after_slow_plain_steps(shared_level=False)
+    shared = _serve_after_slow_plain_steps(shared_level=True)
+    assert stale >= 0.3 * 528
+    assert shared <= 0.15 * 528 and shared <= stale / 2
+
+
+def test_near_break_even_probes_often_enough_to_find_a_draft_that_pays():
+    """One user; a drafted step takes 12 ms against 10 ms plain (break-even: 1.2 tokens); the survivals predict 1.15
+    tokens. For 400 steps the draft realizes 1.0 (useless: paused, the back-off grows to 64 steps between probes),
+    then 1.35 (112 tokens/s against 100). Far from break-even probes stay 64 steps apart; once the fit reads the draft
+    within probe_close_margin of break-even they come every probe_min steps (the cost bound, on a probe's net cost,
+    still applies), and the fit learns the new level in a few probes instead of a few hundred steps. 400 + 600
+    simulated steps; in the second phase the near-break-even gate must draft most steps and beat the back-off alone by
+    5 %."""
+    modest = torch.tensor([[0.1, 0.05, 0.0]], dtype=torch.float64)
+    results = {}
+    for name, margin in (("near", 0.15), ("back-off", 0.0)):
+        gate = DraftGate("auto", probe_close_margin=margin)
+        common = dict(survival=modest, cost=FlatCost(0.012), skip=0.010, drafted_seconds=0.012)
+        _serve(gate, 400, realized_tokens=1.0, **common)
+        assert gate.probe_interval == 64
+        results[name] = _serve(gate, 600, realized_tokens=1.35, **common)
+    (near_drafted, near), (_, backoff) = results["near"], results["back-off"]
+    assert near_drafted >= 0.7 * 600 and near >= 1.05 * backoff
+
+
+def test_a_stale_reading_gives_way_to_the_population_prior():
+    """While paused, the lagged survival is the reading of the last drafted step, the low one that paused it, and it
+    stays that for as long as no step drafts. Past ``fresh_steps`` decisions without a drafted step the gate reads
+    the population prior instead: here the prior says drafting pays, so the draft resumes two steps after a pause
+    on one low reading; a fresh reading still decides (the pause and the step after it: the overlap path reads
+    confidences two steps back), and without a prior the pause holds."""
+    prior = HIGH.to(torch.float64)
+    gate = DraftGate("auto", probe_min=64, probe_max=64)
+    assert gate.decide(lagged_survival=HIGH, cost_with_draft=FlatCost(0.02), seconds_without_draft=0.01,
+                       skip_samples=10, num_requests=1, prior_survival=prior).reason == "pays"
+    trace = [gate.decide(lagged_survival=LOW, cost_with_draft=FlatCost(0.02), seconds_without_draft=0.01,
+                         skip_samples=10, num_requests=1, prior_survival=prior).reason for _ in range(5)]
+    assert trace == ["pause", "pause", "pays", "pause", "pause"]  # the resumed step's reading is fresh (and low)
+    gate = DraftGate("auto", probe_min=64, probe_max=64)
+    trace = [_decide(gate, LOW).reason for _ in range(5)]
+    assert trace == ["pause"] * 5
 
 
 def test_sync_path_reads_the_newest_carried_confidences_without_shifting():
@@ -550,13 +721,14 @@ def test_each_step_outcome_reaches_the_gate_with_the_choice_it_was_decided_with(
     planner = AdmissionVerifyPlanner.__new__(AdmissionVerifyPlanner)
     planner.step_cost = None
     planner.draft_gate = DraftGate("auto")
-    planner.draft_gate.realized_tokens.min_steps = planner.draft_gate.draft_seconds.min_steps = 1
+    planner.draft_gate.draft_seconds.min_steps = 1
     planner.survival_prior = SurvivalPrior()
     planner._stats_error_logged = False
     planner.observe_step(record)
     # Realized 2 tokens in 40 ms against a predicted 3.94 tokens in 20 ms.
     gate = planner.draft_gate
-    assert gate.realized_tokens.expected(3.94) == pytest.approx(2.0) and gate.draft_seconds.factor == pytest.approx(2)
+    assert gate.realized_tokens.steps == 1 and gate.realized_tokens.line()[:2] == pytest.approx((3.94, 2.0), abs=0.01)
+    assert 2.0 < gate.realized_tokens.expected(3.94) < 3.94 and gate.draft_seconds.factor == pytest.approx(2)
     assert gate.skip_seconds.steps == 0
     assert gate.summary()["realized_vs_predicted"] == {
         "drafted_seconds": 2.0, "plain_seconds": 1.0, "drafted_steps": 1, "predicted_tokens_per_request": 3.94,
@@ -570,16 +742,13 @@ class _PooledOnly(dict):
         return default
 
 
-def _serve_load(gate, steps, *, num_requests, survival_row, drafted_seconds, realized_per_request, skip=0.010,
-                predicted_drafted_seconds=None):
+def _serve_load(gate, steps, *, num_requests, survival_row, drafted_seconds, realized_per_request, skip=0.010):
     """``steps`` steps of ``num_requests`` requests; a drafted step commits ``realized_per_request`` tokens per
-    request in ``drafted_seconds`` (also the cost model's flat prediction unless ``predicted_drafted_seconds``), a
-    plain one 1 per request in ``skip``."""
+    request in ``drafted_seconds`` (also the cost model's flat prediction), a plain one 1 per request in ``skip``."""
     survival = torch.tensor([survival_row] * num_requests, dtype=torch.float64)
-    predicted = FlatCost(drafted_seconds if predicted_drafted_seconds is None else predicted_drafted_seconds)
     drafted = tokens = seconds = 0.0
     for _ in range(steps):
-        decision = gate.decide(lagged_survival=survival, cost_with_draft=predicted,
+        decision = gate.decide(lagged_survival=survival, cost_with_draft=FlatCost(drafted_seconds),
                                seconds_without_draft=skip, skip_samples=10, num_requests=num_requests)
         per_request, step_seconds = (realized_per_request, drafted_seconds) if decision.draft else (1.0, skip)
         gate.observe_outcome(decision.choice, decision.draft, per_request * num_requests, step_seconds, num_requests)
@@ -593,22 +762,22 @@ def test_each_load_learns_what_its_own_drafted_steps_commit():
     """One user first: drafted steps commit 2.0 tokens in 13 ms (154 tokens/s against 100; drafting pays). Then four
     users with the same survivals per request, whose drafted steps commit 1.15 tokens per request in 12 ms (383
     tokens/s against 400 for a plain step: a 4 % loss). The one-user steps read at four users promise 1.4 and keep
-    a pooled fit drafting; the four-user bucket's own fit pauses after its first few steps. 300 + 600 simulated
-    steps; the bucketed gate must serve the second phase within 2 % of always-plain and draft at most its first
-    steps and the probes, the pooled one drafts at least twice as many of its steps."""
+    a pooled fit drafting; the four-user bucket's own fit (starting from the pooled one) pauses after its first ~20
+    steps. 300 + 600 simulated steps; the bucketed gate must serve the second phase within 2 % of always-plain and
+    draft at most its first steps and the probes, the pooled one drafts at least twice as many of its steps."""
     row = [0.7, 0.5, 0.3]
     one_user = dict(num_requests=1, survival_row=row, drafted_seconds=0.013, realized_per_request=2.0)
     four_users = dict(num_requests=4, survival_row=row, drafted_seconds=0.012, realized_per_request=1.15)
     results = {}
     for name in ("bucketed", "pooled"):
-        gate = DraftGate("auto")
+        gate = DraftGate("auto", probe_close_margin=0.0)  # the back-off's probes only: what is measured is the fit
         if name == "pooled":
             gate.realized_tokens_by_load = _PooledOnly()
         drafted_first, _ = _serve_load(gate, 300, **one_user)
         assert drafted_first >= 0.9 * 300  # drafting pays at one user either way
         results[name] = _serve_load(gate, 600, **four_users)
     drafted, throughput = results["bucketed"]
-    assert drafted <= 4 + 600 / 64 + 10 and throughput >= 0.98 * 400
+    assert drafted <= 25 + 600 / 64 + 10 and throughput >= 0.98 * 400
     assert results["pooled"][0] >= 2 * drafted
 
 
@@ -616,40 +785,12 @@ def test_a_step_never_commits_more_than_its_verified_drafts():
     """A fit that reads every prediction high (drafted steps realized 3 tokens where 1.5 were predicted) cannot make a
     drafted step that verifies no draft (K = 0) look better than a plain one: it commits the anchors only."""
     gate = DraftGate("auto")
-    gate.realized_tokens.min_steps = 1
     for _ in range(8):
         gate.realized_tokens.observe(1.5, 3.0)
     choice = should_draft(torch.zeros(2, 3, dtype=torch.float64), FlatCost(0.010), 0.010, 2)
     assert choice.capacity == 0
     assert gate.expected_tokens(choice, 2) == 1.0
     assert gate.corrected_draft_throughput(choice, 2) <= gate.corrected_skip_throughput(choice, 2)
-
-
-def test_each_load_learns_how_far_its_drafted_steps_miss_their_predicted_seconds():
-    """Loads alternate: one user (drafted steps as predicted, 13 ms for 2.0 tokens: +54 % over a 10 ms plain step)
-    and four users, whose drafted steps take 18 ms where 12 ms were predicted, for 1.4 tokens per request (311
-    tokens/s against 400 plain: a loss the tokens alone do not show, 467 predicted). A pooled seconds ratio is pulled
-    back toward 1 by every one-user phase and drafts each four-user phase's first ~10 steps again; the four-user
-    bucket keeps its own ratio and pauses from its fifth drafted step on. 8 alternations of 100 + 100 steps: the
-    bucketed gate drafts at most a third as many four-user steps and serves them within 2 % of always-plain."""
-    one_user = dict(num_requests=1, survival_row=[0.7, 0.5, 0.3], drafted_seconds=0.013, realized_per_request=2.0)
-    four_users = dict(num_requests=4, survival_row=[0.7, 0.5, 0.3], drafted_seconds=0.018,
-                      predicted_drafted_seconds=0.012, realized_per_request=1.4)
-    drafted_four, throughput_four = {}, {}
-    for name in ("bucketed", "pooled"):
-        gate = DraftGate("auto")
-        if name == "pooled":
-            gate.draft_seconds_by_load = _PooledOnly()
-        drafted_four[name], rates = 0, []
-        for _ in range(8):
-            drafted_one, _ = _serve_load(gate, 100, **one_user)
-            assert drafted_one >= 0.9 * 100  # drafting pays at one user either way
-            drafted, throughput = _serve_load(gate, 100, **four_users)
-            drafted_four[name] += drafted
-            rates.append(throughput)
-        throughput_four[name] = sum(rates) / len(rates)
-    assert drafted_four["bucketed"] * 3 <= drafted_four["pooled"]
-    assert throughput_four["bucketed"] >= 0.98 * 400 > throughput_four["pooled"]
 
 
 def test_a_stale_plain_step_cost_is_remeasured_sooner_near_break_even():
@@ -698,7 +839,7 @@ def test_the_gate_trace_writes_what_the_gate_predicted_and_what_the_step_did(tmp
     assert first["R"] == 1 and first["drafted"] is True and first["committed"] == 2 and first["verify_tokens"] == 4
     assert first["seconds"] == pytest.approx(0.040) and first["reason"] == "pays"
     assert first["predicted_tokens"] == pytest.approx(3.94) and first["predicted_draft_seconds"] == pytest.approx(0.02)
-    assert first["predicted_plain_seconds"] == pytest.approx(0.01) and first["draft_seconds_factor"] == 1.0
+    assert first["predicted_plain_seconds"] == pytest.approx(0.01) and first["capacity"] == choice.capacity
     assert second["drafted"] is False and second["seconds"] == pytest.approx(0.012) and second["pid"] == first["pid"]
     unwritable = GateTrace(str(tmp_path / "missing-folder" / "trace.jsonl"))
     with caplog.at_level("WARNING"):

@@ -156,13 +156,14 @@ class DraftedAndPlainOverheads:
     The block starts from the median of its first pairs (a difference of two steps is symmetric noise; a stall in
     either step is an outlier either way), then moves at most ``block_step_fraction`` of the drafted step per pair:
     pairs are few, and one noisy pair must not double the block; a step that took more than ``stall_factor`` times
-    its prediction is in no pair at all. Until R's bucket has ``min_pairs``
-    pairs, a drafted step is predicted from the drafted steps alone (``drafted_direct``, as before the pairs)."""
+    its prediction is in no pair at all. Until R's bucket has ``min_pairs`` pairs, a drafted step is predicted from
+    the drafted steps alone (``drafted_direct``, as before the pairs)."""
 
     def __init__(self, *, min_pairs: int = 3, block_rate: float = 0.2, block_step_fraction: float = 0.05,
                  stall_factor: float = 3.0, clock: Callable[[], float] = time.monotonic) -> None:
         if min_pairs < 1 or not stall_factor > 1:
-            raise ValueError(f"DraftedAndPlainOverheads: bad settings min_pairs={min_pairs}, stall_factor={stall_factor}")
+            raise ValueError(
+                f"DraftedAndPlainOverheads: bad settings min_pairs={min_pairs}, stall_factor={stall_factor}")
         self.min_pairs = min_pairs
         self.stall_factor = stall_factor
         self.level = StepOverhead(label="step level", signed=True, clock=clock)
@@ -179,8 +180,8 @@ class DraftedAndPlainOverheads:
         verify_seconds = max(0.0, verify_seconds)
         residual = measured_seconds - verify_seconds
         # A stalled step (a page fault, another process on the cores) pairs with neither neighbour.
-        stalled = self.plain_steps > 0 and measured_seconds > self.stall_factor * (
-            verify_seconds + max(0.0, self.drafted_seconds(num_requests) if drafted else self.level.seconds(num_requests)))
+        rest = self.drafted_seconds(num_requests) if drafted else self.level.seconds(num_requests)
+        stalled = self.plain_steps > 0 and measured_seconds > self.stall_factor * (verify_seconds + max(0.0, rest))
         previous = self._previous
         self._previous = None if stalled else (num_requests, bool(drafted), residual, verify_seconds)
         if not stalled and previous is not None and previous[0] == num_requests and previous[1] != bool(drafted):

@@ -326,6 +326,9 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
     def _decide(self, survival: Optional[torch.Tensor], num_requests: int) -> GateDecision:
         gate = self.draft_gate
         try:
+            held = gate.held_pause(num_requests)  # a pause repeated without reading anything (scheduling/draft_gate.py)
+            if held is not None:
+                return held
             # ``survival`` comes from the budget planner with unknown rows already read from the prior.
             if survival is None:  # no request of the batch has a lagged confidence: the population's (None before any draft)
                 survival = self.survival_prior.rows(num_requests)

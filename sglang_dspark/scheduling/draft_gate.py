@@ -26,7 +26,9 @@ interval is also at least what keeps probes within ``probe_share`` of the time: 
 (probe_share · t_skip)`` skipped steps per probe (``E``: the committed tokens per request expected of it), from the
 same learned costs and fit the decision uses.
 Near break-even the back-off does not apply: while the corrected throughputs are within ``probe_close_margin`` of
-each other, probes come every ``probe_min`` steps (the cost bound still holds). There the choice is the least certain
+each other, probes come every ``probe_min`` steps (the cost bound still holds, at ``probe_share_near``: a probe
+there is worth more, since it may well flip the choice, while far from it, where under load on a CPU a probe costs
+3-11 plain steps, it rarely does, and ``probe_share`` is half as much). There the choice is the least certain
 (a one-user draft that paid 8 % drafted on every step was read at 0.8-0.9× from the few probes the back-off let
 through, and stayed paused), and a probe costs little: its cost is counted net, ``t_draft − E · t_skip``, what it takes more than plain steps would to commit what
 it is expected to commit.
@@ -74,6 +76,13 @@ as R grows, and one user's drafted steps (K = 2-3 drafts for one request) read a
 four requests) made a draft that realized 1.15 tokens per request look like 1.35, and drafted 17 % of the steps at
 1.5× a plain step's cost. ``E`` never exceeds ``1 + K / R``: a step commits at most its verified drafts and anchors.
 It only moves the choice between two exact steps, never a token.
+
+A pause is held, not re-derived, on most of its steps (:meth:`DraftGate.held_pause`): while nothing drafts, what
+the decision reads does not move (no new confidences; the population prior changes only on drafted steps; the learned
+costs drift slowly), so re-running the capacity search, the fit and the cost model every step only repeats the last
+answer, and on a CPU that is about 1 % of a four-user plain step. A held decision repeats the last full one for the
+same R; a full one comes every ``hold_pause_steps`` steps, when R changes, when a probe may be due, and on the
+``hold_after_draft`` decisions after any drafted step (its confidences and its effect on the prior arrive then).
 
 A request the draft has not drafted for yet has no lagged confidence; upstream's planner reads it as survival 1 (verify
 everything), which is right for the admission of a drafted step but would make every arriving request restart
@@ -350,12 +359,15 @@ class DraftGate:
         min_skip_samples: int = 3,
         comeback_steps: int = 48,
         steady_spell: int = 16,
-        probe_share: float = 0.02,
+        probe_share: float = 0.01,
         max_probe_interval: int = 4096,
         refresh_close_every: int = 32,
         close_margin: float = 0.25,
         fresh_steps: int = 1,
         probe_close_margin: float = 0.15,
+        probe_share_near: float = 0.02,
+        hold_pause_steps: int = 8,
+        hold_after_draft: int = 4,
     ) -> None:
         if mode not in GATE_MODES:
             raise ValueError(f"unknown draft gate mode {mode!r}; choose one of {', '.join(GATE_MODES)}")
@@ -377,10 +389,17 @@ class DraftGate:
         # path reads confidences two steps back); past them, the reading is the stale one of a paused spell.
         self.fresh_steps = fresh_steps
         self.probe_close_margin = probe_close_margin
+        self.probe_share_near = probe_share_near
         self._probe_near = False  # the last paused decision was within probe_close_margin of break-even
         self._drafting_spell = 0  # "pays" steps since the last resume
         self.paused = False
         self.probe_interval = probe_min
+        self.hold_pause_steps = hold_pause_steps
+        self.hold_after_draft = hold_after_draft
+        self.held = 0  # decisions that repeated the last full pause (held_pause)
+        self._held_rows: Optional[int] = None  # R of the last full pause decision (None: nothing to hold)
+        self._held_steps = 0  # held decisions since it
+        self._probe_due = 0  # skipped steps after which the next probe may be due, as of that decision
         self._skipped_since_probe = 0
         self._drafted_since_skip = 0
         self._decisions_since_draft = 0  # decisions since the last drafted one (0: the previous one drafted)
@@ -454,17 +473,33 @@ class DraftGate:
             if not learning and self._drafted_since_skip >= self.refresh_interval(draft_rate, skip_rate):
                 return GateDecision(False, "refresh-skip", choice)
             return GateDecision(True, "pays", choice)
-        if not self.paused:
-            return GateDecision(False, "pause", choice)
         # Near break-even the back-off does not apply (module docstring): there a probe costs little and the choice
         # is the least certain; the cost bound still holds, on a probe's net cost.
         self._probe_near = self.mode != "comeback" and skip_rate > 0 and (
             draft_rate * (1.0 + self.probe_close_margin) >= skip_rate)
         expected = self.expected_tokens(choice, num_requests) if self.mode != "comeback" else None
         back_off = self.probe_min if self._probe_near else self.probe_interval
-        if self._skipped_since_probe >= max(back_off, self.cost_bounded_interval(choice, expected)):
+        probe_due = max(back_off, self.cost_bounded_interval(choice, expected))
+        if self.paused and self._skipped_since_probe >= probe_due:
             return GateDecision(True, "probe", choice)
+        self._held_rows, self._held_steps, self._probe_due = num_requests, 0, probe_due
         return GateDecision(False, "pause", choice)
+
+    def held_pause(self, num_requests: int) -> Optional[GateDecision]:
+        """The last full pause decision repeated without reading anything (module docstring); None when a full
+        decision is due: another R, ``hold_pause_steps`` held in a row, a drafted step within ``hold_after_draft``
+        decisions, or a probe that may be due."""
+        last = self.last
+        if (self.mode != "auto" or not self.paused or last is None or last.reason != "pause" or last.choice is None
+                or num_requests != self._held_rows or self._held_steps + 1 >= self.hold_pause_steps
+                or self._decisions_since_draft < self.hold_after_draft
+                or self._skipped_since_probe >= self._probe_due):
+            return None
+        decision = GateDecision(False, "pause", last.choice)
+        self._held_steps += 1
+        self.held += 1
+        self._count(decision)
+        return decision
 
     def refresh_interval(self, draft_rate: float, skip_rate: float) -> int:
         """Drafted steps between two plain steps that re-measure the skipped-step cost (module docstring)."""
@@ -524,7 +559,8 @@ class DraftGate:
         }
 
     def cost_bounded_interval(self, choice: Optional[DraftChoice], expected_tokens: Optional[float] = None) -> int:
-        """Skipped steps per probe that keep the probes' extra cost within ``probe_share`` of the time.
+        """Skipped steps per probe that keep the probes' extra cost within ``probe_share`` of the time
+        (``probe_share_near`` near break-even).
 
         A probe's cost is what it takes more than plain steps would to commit what it is expected to commit,
         ``t_draft − E · t_skip`` (``expected_tokens`` per request; None: 1, the drafted step's whole extra time)."""
@@ -534,7 +570,8 @@ class DraftGate:
         extra = choice.seconds_draft - tokens * choice.seconds_skip
         if not extra > 0:
             return 0
-        steps = extra / (self.probe_share * choice.seconds_skip)
+        share = self.probe_share_near if self._probe_near else self.probe_share
+        steps = extra / (share * choice.seconds_skip)
         return int(min(math.ceil(steps), self.max_probe_interval))
 
     def _count(self, decision: GateDecision) -> None:
@@ -590,6 +627,7 @@ class DraftGate:
             "resumes": self.resumes,
             "probes": self.reasons.get("probe", 0),
             "probe_interval": self.probe_interval,
+            "held": self.held,
             "reasons": dict(self.reasons),
             "realized_vs_predicted": self._realized_summary(),
         }

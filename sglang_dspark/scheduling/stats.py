@@ -145,6 +145,13 @@ class AdmissionStats:
         step_seconds: float | None,
         drafted: bool = True,
     ) -> None:
+        if _is_plain_step(verify_lens, accepted_drafts, survival):
+            # Most steps under load are plain (the draft gate skipped the draft): count them without torch, whose
+            # half-dozen small ops per step cost more than the counting itself.
+            num_requests = len(verify_lens)
+            self._record(num_requests, 0, [num_requests], None if accepted_drafts is None else [num_requests],
+                         num_requests if accepted_drafts is not None else None, step_seconds, drafted, None)
+            return
         verify = _to_cpu_long(verify_lens)
         num_requests = verify.numel()
         if num_requests and int(verify.min()) < 1:
@@ -161,16 +168,23 @@ class AdmissionStats:
 
         admitted_counts = torch.bincount(admitted, minlength=1).tolist() if num_requests else []
         accepted_counts = torch.bincount(accepted, minlength=1).tolist() if accepted is not None and num_requests else []
+        self._record(num_requests, int(admitted.sum()), admitted_counts, accepted_counts,
+                     None if accepted is None else int(accepted.sum()) + num_requests, step_seconds, drafted, calibration)
+
+    def _record(self, num_requests: int, admitted_sum: int, admitted_counts: list[int],
+                accepted_counts: list[int] | None, accept_len_sum: int | None, step_seconds: float | None,
+                drafted: bool, calibration) -> None:
+        """Add one step's tallies (``accept_len_sum``: committed tokens, the bonus included; None: not known)."""
         with self._lock:
             self._steps += 1
             self._drafted_steps += bool(drafted)
             self._request_steps += num_requests
-            self._admitted_draft_sum += int(admitted.sum())
+            self._admitted_draft_sum += admitted_sum
             _add_counts(self._admitted_len_counts, admitted_counts)
-            _add_counts(self._accepted_len_counts, accepted_counts)
-            if accepted is not None:
+            _add_counts(self._accepted_len_counts, accepted_counts or [])
+            if accept_len_sum is not None:
                 self._accept_request_steps += num_requests
-                self._accept_len_sum += int(accepted.sum()) + num_requests  # + the bonus token each
+                self._accept_len_sum += accept_len_sum
             if step_seconds is not None:
                 self._timed_steps += 1
                 self._step_seconds_sum += float(step_seconds)
@@ -264,6 +278,16 @@ class AdmissionStats:
         result["mean_predicted_survival"] = float(predictions.mean()) if filled else None
         result["mean_observed_survival"] = float(labels.mean()) if filled else None
         return result
+
+
+def _is_plain_step(verify_lens, accepted_drafts, survival) -> bool:
+    """Host lists of a step that verified the anchors only (every verify length 1, nothing accepted), no survival."""
+    if survival is not None or not isinstance(verify_lens, (list, tuple)) or not verify_lens:
+        return False
+    if accepted_drafts is not None and (not isinstance(accepted_drafts, (list, tuple))
+                                        or len(accepted_drafts) != len(verify_lens) or any(accepted_drafts)):
+        return False
+    return all(type(v) is int and v == 1 for v in verify_lens)
 
 
 def _add_counts(totals: list[int], counts: list[int]) -> None:

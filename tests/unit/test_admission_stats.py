@@ -77,6 +77,24 @@ def test_example_step_means_histogram_and_ece():
     json.dumps(summary)
 
 
+def test_plain_steps_counted_on_the_host_tally_like_the_tensor_path():
+    """Anchor-only steps take a torch-free path: the same summary as the same steps handed over as tensors (which
+    take the general path), mixed with drafted steps; a list that is not anchor-only still takes the general path."""
+    steps = [([1, 1, 1], [0, 0, 0], 0.02, False), ([1, 3], [0, 2], 0.03, True), ([1], None, None, False),
+             ([1, 1], [0, 0], 0.01, True), ([2, 1], [1, 0], 0.02, True)]
+    host, tensors = AdmissionStats(), AdmissionStats()
+    for verify, accepted, seconds, drafted in steps:
+        host.record_step(verify_lens=verify, accepted_drafts=accepted, survival=None, step_seconds=seconds,
+                         drafted=drafted)
+        tensors.record_step(verify_lens=torch.tensor(verify),
+                            accepted_drafts=None if accepted is None else torch.tensor(accepted),
+                            survival=None, step_seconds=seconds, drafted=drafted)
+    assert host.summary() == tensors.summary()
+    assert host.summary()["steps"] == 5 and host.summary()["admitted_len_histogram"][:3] == [8, 1, 1]
+    with pytest.raises(ValueError):
+        AdmissionStats().record_step(verify_lens=[1, 0], accepted_drafts=[0, 0], survival=None, step_seconds=None)
+
+
 def test_ece_averages_within_a_bin_before_taking_the_gap():
     # 0.81 and 0.89 share bin 8: |mean label .5 - mean pred .85| = .35 (per-sample gaps would give .54).
     ece = expected_calibration_error(torch.tensor([0.81, 0.89]), torch.tensor([1.0, 0.0]))

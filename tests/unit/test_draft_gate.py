@@ -176,6 +176,76 @@ def test_probes_stay_within_their_share_of_the_time_when_a_drafted_step_is_costl
         should_draft(LOW, FlatCost(100.0), 0.01)) == 100  # capped
 
 
+def test_far_from_break_even_probes_spend_half_the_share_they_spend_near_it():
+    """Defaults: probes far from break-even (a probe costs 6 plain steps and predicts 1.1 tokens) stay within 1 % of
+    4000 simulated paused steps; near break-even the bound is read at 2 % (a probe there may well flip the choice)."""
+    gate = DraftGate("auto")
+    skip = 0.01
+    drafted = sum(_decide(gate, LOW, cost=FlatCost(6 * skip), skip=skip).draft for _ in range(4000))
+    extra_time = drafted * 5 * skip
+    assert drafted >= 4 and extra_time / (4000 * skip + extra_time) <= 0.01 + 1e-9
+    choice = gate.last.choice
+    assert not gate._probe_near and gate.cost_bounded_interval(choice) == math.ceil(5 / 0.01)
+    gate._probe_near = True
+    assert gate.cost_bounded_interval(choice) == math.ceil(5 / 0.02)
+
+
+def _held_or_decide(gate, survival, **kwargs):
+    """What the planner does: a held pause when the gate has one, else a full decision."""
+    held = gate.held_pause(survival.shape[0])
+    return held if held is not None else _decide(gate, survival, **kwargs)
+
+
+def test_a_held_pause_decides_what_the_full_decision_would():
+    """Holding a pause (the planner asks ``held_pause`` before reading anything) must not change a single decision:
+    the same 3000-step script (pauses, probes, a one-step comeback on every other probe, R changing every 250 steps,
+    two drafted-step cost ratios) gives the same draft/skip sequence and reasons with and without holding, while
+    most paused steps are held."""
+    for ratio in (1.5, 6.0):
+        decided = []
+        for hold in (True, False):
+            gate = DraftGate("auto", probe_min=4, probe_max=64, hold_pause_steps=8 if hold else 1)
+            trace = []
+            for step in range(3000):
+                rows = 1 + (step // 250) % 3
+                last = gate.last
+                easy = last is not None and last.reason == "probe" and gate.reasons.get("probe", 0) % 2 == 0
+                survival = (HIGH if easy else LOW).expand(rows, 3)
+                decision = (_held_or_decide if hold else _decide)(gate, survival, cost=FlatCost(ratio * 0.01))
+                trace.append((decision.draft, decision.reason))
+            decided.append((trace, gate))
+        (held_trace, held_gate), (full_trace, full_gate) = decided
+        assert held_trace == full_trace
+        assert full_gate.held == 0 and held_gate.reasons.get("probe", 0) >= 5
+        # The easy reading pays at 1.5× (3.94 tokens per 15 ms > 1 per 10 ms), not at 6×: comebacks only there.
+        assert (held_gate.resumes >= 5) if ratio == 1.5 else (held_gate.resumes == 0)
+        paused_steps = held_gate.reasons["pause"]
+        assert held_gate.held >= 0.6 * paused_steps  # at most one full decision per 8 paused steps, plus R changes
+
+
+def test_a_held_pause_reads_nothing_and_gives_way_to_a_full_decision(monkeypatch):
+    import sglang_dspark.scheduling.draft_gate as draft_gate
+
+    calls = []
+    real = draft_gate.should_draft
+    monkeypatch.setattr(draft_gate, "should_draft", lambda *a, **k: calls.append(1) or real(*a, **k))
+    gate = DraftGate("auto", probe_min=4, probe_max=64, hold_pause_steps=8, hold_after_draft=4)
+    low = LOW.expand(2, 3)
+    assert gate.held_pause(2) is None  # nothing decided yet
+    for _ in range(40):
+        _held_or_decide(gate, low)
+    # The first decision is a full pause; probes follow after 4, 8 and 16 skipped steps, each with full decisions.
+    assert gate.held > 0 and len(calls) == 40 - gate.held
+    assert gate.held_pause(3) is None  # another R: a full decision
+    gate._decisions_since_draft = 2
+    assert gate.held_pause(2) is None  # a drafted step two decisions back: its confidences are due
+    gate._decisions_since_draft = 10
+    gate._skipped_since_probe = gate._probe_due
+    assert gate.held_pause(2) is None  # a probe may be due
+    for mode in ("off", "pause", "comeback"):
+        assert DraftGate(mode).held_pause(1) is None
+
+
 def test_realized_seconds_weigh_recent_steps_and_ignore_stalls():
     ratio = RealizedSeconds(half_life=4.0, min_steps=4, max_stall=4.0)
     for _ in range(3):

@@ -147,6 +147,11 @@ def markov_step_on_cpu(original, cls, **kwargs):
                            kwargs.get("logits_out"), noise_seed=seed)
 
 
+def markov_step_is_ours() -> bool:
+    """Whether the draft's Markov steps run :func:`markov_step_on_cpu` (CPU platform applied, not switched off)."""
+    return _applied and envs.CPU_MARKOV_STEP.get() != "upstream"
+
+
 def allow_intel_amx_draft_backend() -> None:
     """The DSPARK draft runs its block forward on the target's attention backend; on the CPU that is intel_amx,
     which upstream's draft-backend allow-list lacks (it then falls back to flashinfer and dies at start-up)."""

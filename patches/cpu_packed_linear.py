@@ -123,11 +123,15 @@ def _plain_case(x, weight, bias) -> bool:
 
 
 def _torch_linear_forward(self, x):
-    """``torch.nn.Linear.forward`` through a packed copy of the weight (the instance override of pack_draft_context_products)."""
+    """``torch.nn.Linear.forward`` through a packed copy of the weight (the instance override of
+    pack_draft_context_products). SGLang builds DFlash's ``fc`` as a plain ``nn.Linear`` whose parameters keep
+    ``requires_grad=True``; serving runs it without grad, so the packed path is taken unless autograd would record
+    the product (then torch's)."""
     weight, bias = self.weight, self.bias
-    if not can_pack(weight) or not _plain_case(x, weight, bias):
+    recorded = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if recorded or not can_pack(weight.detach()) or not _plain_case(x, weight, bias):
         return torch_functional.linear(x, weight, bias)
-    return packed_linear(x, packed_for(self, weight), bias)
+    return packed_linear(x, packed_for(self, weight.detach()), bias)
 
 
 def pack_draft_context_products(draft_model) -> int:

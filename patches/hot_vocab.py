@@ -5,13 +5,16 @@ over the γ block slots (``project_through_lm_head``: γ × |V| × d) and the Ma
 step_bias``: |V| × r). With a hot set H both run over |H| rows; the maths and why verification stays exact are in
 ``sglang_dspark/draft/hot_vocab.py``.
 
-Three AROUND hooks on SGLang 0.5.23's dense DSpark draft, each a no-op unless :func:`attach_hot_vocab` marked the
+Four AROUND hooks on SGLang 0.5.23's dense DSpark draft, each a no-op unless :func:`attach_hot_vocab` marked the
 instance (``_dspark_hot``):
 
 * ``DSparkDraftMixin.compute_base_logits``: ``h·W[H]ᵀ`` into an ``-inf``-filled ``[N, |V|]`` (same shape as before);
 * ``VanillaMarkov.step_bias``: ``e(prev)·W2[H]ᵀ`` into a zero-filled ``[N, |V|]``;
 * ``VanillaMarkov.greedy_w2_weight``: None, so the fused greedy kernel (which recomputes the bias over the whole of
-  ``W2``) is not taken; the shared step reads our bias instead.
+  ``W2``) is not taken; the shared step reads our bias instead;
+* ``dspark_draft.sample_draft_block`` (CPU, where sglang-dspark's Markov step runs): the serial loop over the hot
+  columns only (``hot_markov_block``), same tokens and kept logits as the wide loop. Elsewhere (a GPU: upstream's
+  fused Markov kernels; ``SGLANG_DSPARK_CPU_MARKOV_STEP=upstream``) the wide loop runs as before.
 
 :func:`attach_hot_vocab` refuses (returns the reason, the draft then runs over the whole vocabulary) where these
 hooks would not be the whole story: a quantized, fp8 or vocab-parallel LM head, a sharded or non-GEMV Markov head.
@@ -26,7 +29,14 @@ from typing import Optional
 import torch
 
 from sglang_dspark.cpu.packed_linear import PackedWeight, can_pack, pack_weight
-from sglang_dspark.draft.hot_vocab import HotVocab, hot_logits, hot_markov_bias
+from sglang_dspark.draft.hot_vocab import (
+    HotVocab,
+    hot_logits_columns,
+    hot_markov_bias,
+    hot_markov_bias_columns,
+    hot_markov_block,
+    widen,
+)
 
 logger = logging.getLogger(__name__)
 _installed = False
@@ -34,19 +44,24 @@ _installed = False
 COMPUTE_BASE_LOGITS = "sglang.srt.models.dspark.DSparkDraftMixin.compute_base_logits"
 MARKOV_STEP_BIAS = "sglang.srt.models.dspark.VanillaMarkov.step_bias"
 MARKOV_GREEDY_W2 = "sglang.srt.models.dspark.VanillaMarkov.greedy_w2_weight"
+SAMPLE_DRAFT_BLOCK = "sglang.srt.speculative.dspark_components.dspark_draft.sample_draft_block"
+_BLOCK_COLUMNS = "_dspark_hot_block_columns"
 
 
 @dataclass(frozen=True)
 class _HotRows:
-    ids: torch.Tensor  # [|H|] int64 on the weights' device
-    weight: torch.Tensor  # the hot rows of the LM head ([|H|, d]) or of markov_w2 ([|H|, r])
+    ids: torch.Tensor  # [|H|] int64 on the weights' device, ascending (the hot-space loop's column order)
+    weight: torch.Tensor  # the hot rows of the LM head ([|H|, d]) or of markov_w2 ([|H|, r]), in ``ids`` order
     vocab_size: int
     packed: Optional[PackedWeight] = None  # ``weight`` packed for oneDNN where the CPU platform packs linears
 
 
 def _hot_rows(ids: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> _HotRows:
+    """The hot rows of ``weight`` in ascending id order: the frequency order of the file matters only for cutting
+    a hot set to size; ascending order lets the hot-space loop keep the wide loop's tie-break and summation order."""
     from sglang_dspark.patches import cpu_packed_linear
 
+    ids = torch.sort(ids).values
     rows = weight.index_select(0, ids).contiguous()
     packed = pack_weight(rows) if cpu_packed_linear.installed() and can_pack(rows) else None
     return _HotRows(ids, rows, vocab_size, packed)
@@ -59,7 +74,12 @@ def compute_base_logits_over_hot_vocab(original, self, hidden):
     confidence_features = hidden
     if self.logits_mup_width_multiplier:  # as upstream: the folded-head scale, divided once
         hidden = hidden / self.logits_mup_width_multiplier
-    return hot_logits(hidden, hot.weight, hot.ids, hot.vocab_size, hot.packed), confidence_features
+    columns = hot_logits_columns(hidden, hot.weight, hot.packed)
+    wide = widen(columns, hot.ids, hot.vocab_size, float("-inf"))
+    # Kept for this block's hot-space loop (sample_draft_block_in_hot_space), which would otherwise gather the same
+    # columns back out of the wide tensor.
+    self.markov_head.__dict__[_BLOCK_COLUMNS] = (wide, columns)
+    return wide, confidence_features
 
 
 def step_bias_over_hot_vocab(original, self, prev_tokens, *, hidden_states, state):
@@ -74,6 +94,60 @@ def greedy_w2_weight_unless_hot(original, self):
     if getattr(self, "_dspark_hot", None) is not None:
         return None
     return original(self)
+
+
+def sample_draft_block_in_hot_space(original, **kwargs):
+    """The draft block's Markov loop over the hot columns, on the CPU (module docstring); the wide loop elsewhere."""
+    head = kwargs["markov_head"]
+    hot: Optional[_HotRows] = getattr(head, "_dspark_hot", None)
+    base_logits = kwargs["base_logits"]
+    block_columns = head.__dict__.pop(_BLOCK_COLUMNS, None)
+    if hot is None or base_logits.device.type != "cpu" or not _cpu_markov_step_runs():
+        return original(**kwargs)
+    from sglang.srt.speculative.dspark_components.dspark_draft import (
+        DraftBlockResult,
+        SpecTpSyncSite,
+        resolve_draft_params,
+    )
+    from sglang_dspark.kernels.markov_step import markov_noise_seed
+
+    greedy_draft, noise, tp_sync = kwargs["greedy_draft"], kwargs["noise"], kwargs["tp_sync"]
+    params = resolve_draft_params(sampling_info=kwargs["sampling_info"], bs=base_logits.shape[0],
+                                  device=kwargs["device"])
+    seeded = not greedy_draft and bool((params.step_temperatures != 0).any())
+    offset = int(noise.offset.reshape(-1)[0]) if seeded else 0
+    tokens, step_logits = hot_markov_block(
+        _hot_base_columns(base_logits, hot, block_columns),
+        kwargs["anchor_tokens"],
+        ascending_ids=hot.ids,
+        step_bias=lambda prev: hot_markov_bias_columns(head.get_prev_embeddings(prev), hot.weight, hot.packed),
+        temperatures=params.step_temperatures,
+        step_dtype=head.step_logits_dtype(base_logits.dtype),
+        noise_seed=lambda slot: markov_noise_seed(int(noise.key), offset, slot) if seeded else None,
+        vocab_size=hot.vocab_size,
+        keep_logits=not greedy_draft,
+        after_step=lambda drafted: tp_sync.sync(SpecTpSyncSite.DSPARK_DRAFT, drafted),
+    )
+    if not greedy_draft:
+        noise.offset.add_(1)  # as upstream's loop: the next block draws fresh noise
+    return DraftBlockResult(draft_tokens=tokens, corrected_logits=step_logits, greedy_mask=params.greedy_mask,
+                            temperatures=params.temperatures, greedy_draft=greedy_draft)
+
+
+def _hot_base_columns(base_logits: torch.Tensor, hot: _HotRows, block_columns) -> torch.Tensor:
+    """``base_logits`` ``[bs, γ, |V|]`` on the hot columns: the columns compute_base_logits kept, when
+    ``base_logits`` is (a view of) the wide tensor it returned with them; else gathered from the wide tensor."""
+    if block_columns is not None:
+        wide, columns = block_columns
+        if wide.data_ptr() == base_logits.data_ptr() and wide.numel() == base_logits.numel():
+            return columns.view(*base_logits.shape[:-1], columns.shape[-1])
+    return base_logits.index_select(-1, hot.ids)
+
+
+def _cpu_markov_step_runs() -> bool:
+    from sglang_dspark.patches import cpu_dspark
+
+    return cpu_dspark.markov_step_is_ours()
 
 
 def hot_vocab_blocker(draft_model, hot: HotVocab) -> Optional[str]:
@@ -129,4 +203,5 @@ def install() -> None:
     HookRegistry.register(COMPUTE_BASE_LOGITS, compute_base_logits_over_hot_vocab, HookType.AROUND)
     HookRegistry.register(MARKOV_STEP_BIAS, step_bias_over_hot_vocab, HookType.AROUND)
     HookRegistry.register(MARKOV_GREEDY_W2, greedy_w2_weight_unless_hot, HookType.AROUND)
+    HookRegistry.register(SAMPLE_DRAFT_BLOCK, sample_draft_block_in_hot_space, HookType.AROUND)
     _installed = True

@@ -19,6 +19,11 @@ target's token is not hot: the hot set's coverage of the target's outputs bounds
 
 The tensors stay ``|V|`` wide (``-inf`` / zero filled), so every consumer downstream (the Markov sampling step, the
 kept step logits of a sampled verify, the confidence head reading token ids) sees the shapes and ids it always saw.
+The one exception is the serial Markov loop on the CPU (:func:`hot_markov_block`): γ slots × (bias fill, add, argmax or
+cumulative sum) over ``|V|`` columns of which ``|V| − |H|`` hold ``-inf`` was a third of the draft block's sampling, so
+the loop runs over the ``|H|`` columns in ascending id order and widens its kept logits once at the end. Same tokens,
+same kept logits (the test proves it against the wide loop): ``-inf`` columns add nothing to a float64 cumulative sum
+nor win an argmax, and ascending order keeps the lowest-id tie-break and the summation order.
 
 The hot set ships beside a draft's ``config.json`` as ``dspark_hot_vocab.json`` (:data:`HOT_VOCAB_FILE`), optional:
 a draft without one runs over the whole vocabulary. ``python -m sglang_dspark.draft.hot_vocab build`` makes one from
@@ -33,11 +38,12 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
 from sglang_dspark.cpu.packed_linear import PackedWeight, fits, packed_linear
+from sglang_dspark.kernels.markov_step import cpu_markov_step
 
 __all__ = [
     "HOT_VOCAB_FILE",
@@ -47,6 +53,10 @@ __all__ = [
     "hot_coverage",
     "hot_logits",
     "hot_markov_bias",
+    "hot_logits_columns",
+    "hot_markov_bias_columns",
+    "hot_markov_block",
+    "widen",
     "load_hot_vocab",
 ]
 
@@ -142,31 +152,79 @@ def hot_coverage(hot: HotVocab, token_ids: Sequence[int]) -> float:
     return float(member[torch.as_tensor(token_ids, dtype=torch.int64)].float().mean())
 
 
-def hot_logits(hidden: torch.Tensor, hot_weight: torch.Tensor, hot_ids: torch.Tensor, vocab_size: int,
-               packed: Optional[PackedWeight] = None) -> torch.Tensor:
-    """``[N, |V|]`` logits: ``hidden @ hot_weightᵀ`` on the hot columns, ``-inf`` elsewhere.
+def widen(columns: torch.Tensor, hot_ids: torch.Tensor, vocab_size: int, fill: float) -> torch.Tensor:
+    """``[..., |V|]``: ``columns`` (``[..., |H|]``, one per id of ``hot_ids``) at their ids, ``fill`` elsewhere."""
+    out = torch.full((*columns.shape[:-1], vocab_size), fill, dtype=columns.dtype, device=columns.device)
+    out.index_copy_(-1, hot_ids, columns)
+    return out
 
-    ``hot_weight`` = ``W[hot_ids]`` (``[|H|, d]``, gathered once); the result has ``hot_weight``'s dtype, as the full
-    product ``hidden @ Wᵀ`` would. ``packed``: the same rows packed for oneDNN (CPU; sglang_dspark/cpu/
-    packed_linear.py), used where the product fits its row limit."""
+
+def hot_logits_columns(hidden: torch.Tensor, hot_weight: torch.Tensor,
+                       packed: Optional[PackedWeight] = None) -> torch.Tensor:
+    """``[N, |H|]`` logits ``hidden @ hot_weightᵀ``, one column per hot row, in ``hot_weight``'s dtype (as the full
+    product would be). ``packed``: the same rows packed for oneDNN (CPU; sglang_dspark/cpu/packed_linear.py), used
+    where the product fits its row limit."""
     hidden = hidden.to(hot_weight.dtype)
     usable = packed is not None and fits(hidden)
-    hot = packed_linear(hidden, packed) if usable else torch.matmul(hidden, hot_weight.T)
-    out = torch.full((*hot.shape[:-1], vocab_size), float("-inf"), dtype=hot.dtype, device=hot.device)
-    out.index_copy_(-1, hot_ids, hot)
-    return out
+    return packed_linear(hidden, packed) if usable else torch.matmul(hidden, hot_weight.T)
+
+
+def hot_logits(hidden: torch.Tensor, hot_weight: torch.Tensor, hot_ids: torch.Tensor, vocab_size: int,
+               packed: Optional[PackedWeight] = None) -> torch.Tensor:
+    """``[N, |V|]`` logits: ``hidden @ hot_weightᵀ`` on the hot columns (``hot_weight`` = ``W[hot_ids]``, gathered
+    once), ``-inf`` elsewhere."""
+    return widen(hot_logits_columns(hidden, hot_weight, packed), hot_ids, vocab_size, float("-inf"))
+
+
+def hot_markov_bias_columns(latent: torch.Tensor, hot_w2: torch.Tensor,
+                            packed: Optional[PackedWeight] = None) -> torch.Tensor:
+    """``[N, |H|]`` Markov bias ``latent @ hot_w2ᵀ``, one column per hot row. ``packed``: as in
+    :func:`hot_logits_columns`."""
+    usable = packed is not None and latent.dtype == hot_w2.dtype and fits(latent)
+    return packed_linear(latent, packed) if usable else torch.nn.functional.linear(latent, hot_w2)
 
 
 def hot_markov_bias(latent: torch.Tensor, hot_w2: torch.Tensor, hot_ids: torch.Tensor, vocab_size: int,
                     packed: Optional[PackedWeight] = None) -> torch.Tensor:
     """``[N, |V|]`` Markov bias ``latent @ hot_w2ᵀ`` on the hot columns, zero elsewhere (the base logits are ``-inf``
     there, so any finite value would do; zero keeps ``-inf + bias`` at ``-inf``). ``packed``: as in
-    :func:`hot_logits`."""
-    usable = packed is not None and latent.dtype == hot_w2.dtype and fits(latent)
-    hot = packed_linear(latent, packed) if usable else torch.nn.functional.linear(latent, hot_w2)
-    out = torch.zeros((*hot.shape[:-1], vocab_size), dtype=hot.dtype, device=hot.device)
-    out.index_copy_(-1, hot_ids, hot)
-    return out
+    :func:`hot_logits_columns`."""
+    return widen(hot_markov_bias_columns(latent, hot_w2, packed), hot_ids, vocab_size, 0.0)
+
+
+def hot_markov_block(
+    base_hot: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    *,
+    ascending_ids: torch.Tensor,
+    step_bias: Callable[[torch.Tensor], torch.Tensor],
+    temperatures: torch.Tensor,
+    step_dtype: torch.dtype,
+    noise_seed: Callable[[int], Optional[int]],
+    vocab_size: int,
+    keep_logits: bool,
+    after_step: Callable[[torch.Tensor], torch.Tensor] = lambda tokens: tokens,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The draft block's serial Markov loop over the hot columns (CPU; the module docstring says why it is exact).
+
+    ``base_hot`` ``[bs, γ, |H|]``: the base logits of the hot columns, in ``ascending_ids`` order; ``step_bias(prev)``
+    the Markov bias of the previous tokens (vocabulary ids ``[bs]``) in the same column order; ``temperatures``
+    ``[bs]`` (0: greedy row); ``noise_seed(slot)`` the sampling seed of a slot (None: no sampled row). Each slot is
+    ``cpu_markov_step`` on those columns, the slot after it conditioned on the token drafted here (``after_step``
+    sees it first: the TP ranks' agreement). Returns the drafted vocabulary ids ``[bs, γ]`` and, with
+    ``keep_logits``, the step logits ``[bs, γ, |V|]`` (``step_dtype``, ``-inf`` outside H) that a sampled verify
+    reads as the draft distribution."""
+    bs, gamma, width = base_hot.shape
+    kept = torch.empty((bs, gamma, width), dtype=step_dtype, device=base_hot.device) if keep_logits else None
+    prev = anchor_tokens.long()
+    tokens = []
+    for slot in range(gamma):
+        picks = cpu_markov_step(base_hot[:, slot], step_bias(prev), temperatures, step_dtype,
+                                None if kept is None else kept[:, slot], noise_seed=noise_seed(slot))
+        prev = after_step(ascending_ids[picks])
+        tokens.append(prev)
+    wide = None if kept is None else widen(kept, ascending_ids, vocab_size, float("-inf"))
+    return torch.stack(tokens, dim=1), wide
 
 
 # ---------------------------------------------------------------------------------------------------------- CLI

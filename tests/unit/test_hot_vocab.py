@@ -8,11 +8,16 @@
   emitted token passes Pearson's chi-square goodness of fit against the target law at p > 1e-3. The hot set leaves out
   the target's second most likely token, so the residual must carry it. Control: the same drafts declared with the
   unrestricted logits (q > 0 outside H, never proposed) must fail with p < 1e-6. Seeded, so deterministic.
+* The CPU's hot-space Markov loop (``sample_draft_block_in_hot_space``) drafts the same tokens and keeps the same step
+  logits, bit for bit, as upstream's wide loop with the hot hooks: greedy and sampled blocks, one and several rows,
+  mixed temperatures, over consecutive blocks (the noise offset advances alike); it stands aside off the CPU's Markov
+  step and for a draft without a hot set.
 * Files: every way a shipped file can be wrong raises a ``HotVocabError`` that names the file and the fix.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections import Counter
 from types import SimpleNamespace
@@ -24,7 +29,8 @@ from scipy import stats
 
 from sglang.kernels.ops.speculative.dspark import dspark_accept
 from sglang.srt.models.dspark import VanillaMarkov
-from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResult
+from sglang.srt.speculative.dspark_components import dspark_draft
+from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResult, DraftNoise
 from sglang.srt.speculative.dspark_components.dspark_verify import accept_draft_tokens
 from sglang_dspark.cpu.packed_linear import pack_weight, packing_available
 from sglang_dspark.draft.hot_vocab import (
@@ -95,6 +101,103 @@ def test_hook_on_sglang_markov_head_gives_the_hot_bias():
     hot, state = hot_patch.step_bias_over_hot_vocab(original, head, prev, hidden_states=None, state="s")
     assert state == "s" and torch.allclose(hot[:, HOT], full[:, HOT].detach()) and (hot[:, 1] == 0).all()
     assert hot_patch.greedy_w2_weight_unless_hot(VanillaMarkov.greedy_w2_weight, head) is None
+
+
+class _NoTpSync:
+    def sync(self, site, tokens):
+        return tokens
+
+
+def _wide_markov_step(cls, **kwargs):
+    """Upstream's ``MarkovSampleStep`` as the CPU platform runs it (``cpu_dspark.markov_step_on_cpu``)."""
+    from sglang_dspark.patches import cpu_dspark
+
+    return cpu_dspark.markov_step_on_cpu(None, cls, **kwargs)
+
+
+def _blocks(sample, head, draft, hidden, anchors, sampling_info, greedy_draft, keep_columns=True, blocks=3):
+    """Consecutive draft blocks as ``propose`` runs them: base logits through the hot hook, then the Markov loop."""
+    noise = DraftNoise(key=1234, offset=torch.zeros(1, dtype=torch.int64))
+    out = []
+    for b in range(blocks):
+        wide, _ = hot_patch.compute_base_logits_over_hot_vocab(None, draft, hidden[b])
+        if not keep_columns:
+            head.__dict__.pop(hot_patch._BLOCK_COLUMNS)
+        out.append(sample(base_logits=wide.view(anchors[b].shape[0], -1, wide.shape[-1]), anchor_tokens=anchors[b],
+                          draft_hidden=None, sampling_info=sampling_info, markov_head=head, noise=noise, device="cpu",
+                          tp_sync=_NoTpSync(), greedy_draft=greedy_draft))
+    return out, int(noise.offset)
+
+
+@pytest.mark.parametrize("bs, temperatures, greedy_draft", [
+    (1, [0.0], True), (4, [0.0] * 4, True), (1, [0.8], False), (5, [0.0, 0.7, 1.0, 0.0, 1.3], False),
+])
+def test_hot_space_loop_drafts_what_the_wide_loop_drafts(monkeypatch, bs, temperatures, greedy_draft):
+    from sglang.kernels.ops.speculative.dspark.markov_sample import MarkovSampleStep
+    from sglang_dspark.patches import cpu_dspark
+
+    vocab, gamma, d = 200, 6, 12
+    gen = torch.Generator().manual_seed(bs)
+    hot_ids = torch.randperm(vocab, generator=gen)[:37]  # frequency order: not sorted
+    head = VanillaMarkov(vocab_size=vocab, markov_rank=8)
+    with torch.no_grad():
+        head.markov_w1.weight.copy_(torch.randn(head.markov_w1.weight.shape, generator=gen))
+        head.markov_w2.weight.copy_(torch.randn(head.markov_w2.weight.shape, generator=gen))
+    head._dspark_hot = hot_patch._hot_rows(hot_ids, head.markov_w2.weight.detach(), vocab)
+    draft = SimpleNamespace(markov_head=head, logits_mup_width_multiplier=None,
+                            _dspark_hot=hot_patch._hot_rows(hot_ids, 3 * torch.randn(vocab, d, generator=gen), vocab))
+    hidden = [torch.randn(bs * gamma, d, generator=gen) for _ in range(3)]
+    anchors = [torch.randint(vocab, (bs,), generator=gen) for _ in range(3)]
+    sampling_info = SimpleNamespace(temperatures=torch.tensor(temperatures).view(-1, 1),
+                                    top_ks=torch.tensor([1 if t == 0 else 50 for t in temperatures]))
+    monkeypatch.setattr(MarkovSampleStep, "torch", classmethod(_wide_markov_step))
+    monkeypatch.setattr(VanillaMarkov, "step_bias", lambda self, prev, *, hidden_states, state:
+                        hot_patch.step_bias_over_hot_vocab(None, self, prev, hidden_states=hidden_states, state=state))
+    monkeypatch.setattr(VanillaMarkov, "greedy_w2_weight", lambda self: None)
+    wide_loop = inspect.unwrap(dspark_draft.sample_draft_block)
+    want, want_offset = _blocks(wide_loop, head, draft, hidden, anchors, sampling_info, greedy_draft)
+
+    monkeypatch.setattr(cpu_dspark, "_applied", True)
+    hot_loop = lambda **kw: hot_patch.sample_draft_block_in_hot_space(wide_loop, **kw)  # noqa: E731
+    for keep_columns in (True, False):  # the base logits' hot columns as kept, or gathered from the wide tensor
+        got, got_offset = _blocks(hot_loop, head, draft, hidden, anchors, sampling_info, greedy_draft, keep_columns)
+        assert got_offset == want_offset == (0 if greedy_draft else 3)
+        for g, w in zip(got, want):
+            assert torch.equal(g.draft_tokens, w.draft_tokens) and torch.isin(g.draft_tokens, hot_ids).all()
+            assert torch.equal(g.greedy_mask, w.greedy_mask) and torch.equal(g.temperatures, w.temperatures)
+            if greedy_draft:
+                assert g.corrected_logits is None and w.corrected_logits is None
+            else:
+                assert g.corrected_logits.shape == w.corrected_logits.shape == (bs, gamma, vocab)
+                assert torch.equal(g.corrected_logits, w.corrected_logits)
+    if not greedy_draft:  # sampled rows really sampled: not every token is the row's argmax
+        argmax = torch.stack([w.corrected_logits.argmax(-1) for w in want])
+        drafted = torch.stack([w.draft_tokens for w in want])
+        sampled_rows = torch.tensor(temperatures) != 0
+        assert (argmax != drafted)[:, sampled_rows].any()
+
+    # Stands aside: off the CPU's Markov step (upstream's wide loop runs), and for a head without a hot set.
+    monkeypatch.setattr(cpu_dspark, "_applied", False)
+    calls = []
+    passthrough = lambda **kw: calls.append(kw) or "wide"  # noqa: E731
+    stand_aside = lambda **kw: hot_patch.sample_draft_block_in_hot_space(passthrough, **kw)  # noqa: E731
+    assert _blocks(stand_aside, head, draft, hidden, anchors, sampling_info, greedy_draft, blocks=1)[0] == ["wide"]
+    monkeypatch.setattr(cpu_dspark, "_applied", True)
+    del head._dspark_hot
+    assert _blocks(stand_aside, head, draft, hidden, anchors, sampling_info, greedy_draft, blocks=1)[0] == ["wide"]
+    assert len(calls) == 2
+
+
+def test_hot_loop_reads_the_kept_columns_only_for_their_own_block():
+    hot = hot_patch._hot_rows(torch.tensor([7, 2, 5]), torch.randn(10, 4), 10)
+    columns = torch.randn(6, 3)
+    wide = hot_patch.widen(columns, hot.ids, 10, float("-inf"))
+    kept = hot_patch._hot_base_columns(wide.view(2, 3, 10), hot, (wide, columns))
+    assert kept.data_ptr() == columns.data_ptr() and kept.shape == (2, 3, 3)  # no gather
+    other = wide.clone()  # another block's wide tensor: gathered from it, not the stale columns
+    gathered = hot_patch._hot_base_columns(other.view(2, 3, 10), hot, (wide, columns))
+    assert gathered.data_ptr() != columns.data_ptr() and torch.equal(gathered, columns.view(2, 3, 3))
+    assert torch.equal(hot_patch._hot_base_columns(other.view(2, 3, 10), hot, None), columns.view(2, 3, 3))
 
 
 def _first_tokens(declared_logits: torch.Tensor, proposal_logits: torch.Tensor, seed: int) -> torch.Tensor:

@@ -268,6 +268,28 @@ def test_draft_torch_linears_take_the_packed_path(monkeypatch):
     torch.testing.assert_close(fc(big), F.linear(big, fc.weight, fc.bias))  # left to torch: bit-identical
 
 
+def test_draft_fc_as_sglang_builds_it_is_packed_when_serving(monkeypatch):
+    """SGLang's DFlash ``fc`` is a plain nn.Linear whose parameters keep ``requires_grad=True``: served (no grad,
+    inference mode) it takes the packed path; with grad on, torch's product, so autograd still sees it."""
+    monkeypatch.setattr(cpu_packed_linear, "_installed", True)
+    monkeypatch.setattr(cpu_packed_linear, "_route_draft_model_functional", lambda: None)
+    calls = _Calls(cpu_packed_linear.packed_linear)
+    monkeypatch.setattr(cpu_packed_linear, "packed_linear", calls)
+    torch.manual_seed(11)
+    fc = torch.nn.Linear(48, 16, bias=False)
+    assert fc.weight.requires_grad
+    assert cpu_packed_linear.pack_draft_context_products(fc) == 1
+    x = torch.randn(8, 48)
+    for mode in (torch.inference_mode, torch.no_grad):
+        with mode():
+            torch.testing.assert_close(fc(x), F.linear(x, fc.weight), rtol=1e-4, atol=1e-4)
+    assert calls.count == 2
+    out = fc(x)
+    assert calls.count == 2 and out.requires_grad  # grad on: torch's product
+    out.sum().backward()
+    assert fc.weight.grad is not None
+
+
 def test_stacked_kv_weight_gets_a_packed_copy_the_routed_functional_uses(monkeypatch):
     routed = cpu_packed_linear._FunctionalWithPackedLinear()
     assert routed.relu is F.relu and routed.silu is F.silu  # every other function is torch's own

@@ -76,9 +76,10 @@ def compute_base_logits_over_hot_vocab(original, self, hidden):
         hidden = hidden / self.logits_mup_width_multiplier
     columns = hot_logits_columns(hidden, hot.weight, hot.packed)
     wide = widen(columns, hot.ids, hot.vocab_size, float("-inf"))
-    # Kept for this block's hot-space loop (sample_draft_block_in_hot_space), which would otherwise gather the same
-    # columns back out of the wide tensor.
-    self.markov_head.__dict__[_BLOCK_COLUMNS] = (wide, columns)
+    if wide.device.type == "cpu" and _cpu_markov_step_runs():
+        # Kept for this block's hot-space loop (sample_draft_block_in_hot_space), which would otherwise gather the
+        # same columns back out of the wide tensor.
+        self.markov_head.__dict__[_BLOCK_COLUMNS] = (wide, columns)
     return wide, confidence_features
 
 

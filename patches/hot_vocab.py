@@ -54,17 +54,21 @@ class _HotRows:
     weight: torch.Tensor  # the hot rows of the LM head ([|H|, d]) or of markov_w2 ([|H|, r]), in ``ids`` order
     vocab_size: int
     packed: Optional[PackedWeight] = None  # ``weight`` packed for oneDNN where the CPU platform packs linears
+    # ``weight``ᵀ stored contiguous, for the Markov head's one-row products on the CPU (hot_markov_bias_columns)
+    transposed: Optional[torch.Tensor] = None
 
 
-def _hot_rows(ids: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> _HotRows:
+def _hot_rows(ids: torch.Tensor, weight: torch.Tensor, vocab_size: int, *, one_row_layout: bool = False) -> _HotRows:
     """The hot rows of ``weight`` in ascending id order: the frequency order of the file matters only for cutting
-    a hot set to size; ascending order lets the hot-space loop keep the wide loop's tie-break and summation order."""
+    a hot set to size; ascending order lets the hot-space loop keep the wide loop's tie-break and summation order.
+    ``one_row_layout``: also keep them transposed for one-row products on the CPU (the Markov head's)."""
     from sglang_dspark.patches import cpu_packed_linear
 
     ids = torch.sort(ids).values
     rows = weight.index_select(0, ids).contiguous()
     packed = pack_weight(rows) if cpu_packed_linear.installed() and can_pack(rows) else None
-    return _HotRows(ids, rows, vocab_size, packed)
+    transposed = rows.T.contiguous() if one_row_layout and rows.device.type == "cpu" else None
+    return _HotRows(ids, rows, vocab_size, packed, transposed)
 
 
 def compute_base_logits_over_hot_vocab(original, self, hidden):
@@ -88,7 +92,7 @@ def step_bias_over_hot_vocab(original, self, prev_tokens, *, hidden_states, stat
     if hot is None:
         return original(self, prev_tokens, hidden_states=hidden_states, state=state)
     return hot_markov_bias(self.get_prev_embeddings(prev_tokens), hot.weight, hot.ids, hot.vocab_size,
-                           hot.packed), state
+                           hot.packed, hot.transposed), state
 
 
 def greedy_w2_weight_unless_hot(original, self):
@@ -121,7 +125,8 @@ def sample_draft_block_in_hot_space(original, **kwargs):
         _hot_base_columns(base_logits, hot, block_columns),
         kwargs["anchor_tokens"],
         ascending_ids=hot.ids,
-        step_bias=lambda prev: hot_markov_bias_columns(head.get_prev_embeddings(prev), hot.weight, hot.packed),
+        step_bias=lambda prev: hot_markov_bias_columns(head.get_prev_embeddings(prev), hot.weight, hot.packed,
+                                                       hot.transposed),
         temperatures=params.step_temperatures,
         step_dtype=head.step_logits_dtype(base_logits.dtype),
         noise_seed=lambda slot: markov_noise_seed(int(noise.key), offset, slot) if seeded else None,
@@ -191,7 +196,7 @@ def attach_hot_vocab(draft_model, hot: HotVocab) -> Optional[str]:
     with torch.no_grad():
         draft_model._dspark_hot = _hot_rows(ids, lm_weight, hot.vocab_size)
         w2 = head.markov_w2.weight
-        head._dspark_hot = _hot_rows(ids.to(w2.device), w2, hot.vocab_size)
+        head._dspark_hot = _hot_rows(ids.to(w2.device), w2, hot.vocab_size, one_row_layout=True)
     return None
 
 

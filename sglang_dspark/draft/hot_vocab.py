@@ -177,19 +177,25 @@ def hot_logits(hidden: torch.Tensor, hot_weight: torch.Tensor, hot_ids: torch.Te
 
 
 def hot_markov_bias_columns(latent: torch.Tensor, hot_w2: torch.Tensor,
-                            packed: Optional[PackedWeight] = None) -> torch.Tensor:
+                            packed: Optional[PackedWeight] = None,
+                            hot_w2_t: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``[N, |H|]`` Markov bias ``latent @ hot_w2ᵀ``, one column per hot row. ``packed``: as in
-    :func:`hot_logits_columns`."""
+    :func:`hot_logits_columns`. ``hot_w2_t``: ``hot_w2ᵀ`` stored contiguous (``[r, |H|]``), for a single row: with a
+    narrow latent (r = 64) a one-row product over that layout streams the weight as a plain GEMV, where oneDNN's
+    blocked layout costs more than half as much again (and one user's draft block runs seven of them in a row, one per
+    Markov slot); from two rows on the packed weight is the faster one."""
+    if hot_w2_t is not None and latent.dim() == 2 and latent.shape[0] == 1 and latent.dtype == hot_w2_t.dtype:
+        return torch.mm(latent, hot_w2_t)
     usable = packed is not None and latent.dtype == hot_w2.dtype and fits(latent)
     return packed_linear(latent, packed) if usable else torch.nn.functional.linear(latent, hot_w2)
 
 
 def hot_markov_bias(latent: torch.Tensor, hot_w2: torch.Tensor, hot_ids: torch.Tensor, vocab_size: int,
-                    packed: Optional[PackedWeight] = None) -> torch.Tensor:
+                    packed: Optional[PackedWeight] = None, hot_w2_t: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``[N, |V|]`` Markov bias ``latent @ hot_w2ᵀ`` on the hot columns, zero elsewhere (the base logits are ``-inf``
-    there, so any finite value would do; zero keeps ``-inf + bias`` at ``-inf``). ``packed``: as in
-    :func:`hot_logits_columns`."""
-    return widen(hot_markov_bias_columns(latent, hot_w2, packed), hot_ids, vocab_size, 0.0)
+    there, so any finite value would do; zero keeps ``-inf + bias`` at ``-inf``). ``packed``, ``hot_w2_t``: as in
+    :func:`hot_markov_bias_columns`."""
+    return widen(hot_markov_bias_columns(latent, hot_w2, packed, hot_w2_t), hot_ids, vocab_size, 0.0)
 
 
 def hot_markov_block(

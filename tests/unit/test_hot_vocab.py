@@ -41,6 +41,7 @@ from sglang_dspark.draft.hot_vocab import (
     hot_coverage,
     hot_logits,
     hot_markov_bias,
+    hot_markov_bias_columns,
     load_hot_vocab,
 )
 from sglang_dspark.kernels.rejection_sampling import chain_speculative_sampling_torch
@@ -85,6 +86,26 @@ def test_hot_products_through_packed_rows_match():
               hot_markov_bias(latent, w2[HOT], HOT, V, pack_weight(w2[HOT].contiguous())))
     for got, want in zip(packed, plain):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_one_row_markov_bias_reads_the_transposed_rows():
+    """One user's Markov slots multiply a single row: that product goes through ``hot_w2ᵀ`` stored contiguous (a
+    plain GEMV, faster than oneDNN's blocked layout for the rank-64 latent); two rows or more keep the packed path."""
+    _, w2, _ = _draft_weights(seed=9)
+    rows = w2[HOT].contiguous()
+    for n in (1, 2, 5):
+        latent = torch.randn(n, w2.shape[1])
+        got = hot_markov_bias(latent, rows, HOT, V, hot_w2_t=rows.T.contiguous())
+        torch.testing.assert_close(got, hot_markov_bias(latent, rows, HOT, V), rtol=1e-5, atol=1e-5)
+    # Routing: a stand-in transposed weight (twice the true one) shows which product ran.
+    doubled = 2 * rows.T.contiguous()
+    one, two = torch.randn(1, w2.shape[1]), torch.randn(2, w2.shape[1])
+    torch.testing.assert_close(hot_markov_bias_columns(one, rows, hot_w2_t=doubled), 2 * (one @ rows.T))
+    torch.testing.assert_close(hot_markov_bias_columns(two, rows, hot_w2_t=doubled), two @ rows.T)
+    # Kept only where the CPU's loop reads it, and only when asked for (the LM head's rows are 7 at a time).
+    assert hot_patch._hot_rows(HOT, w2, V).transposed is None
+    kept = hot_patch._hot_rows(HOT, w2, V, one_row_layout=True)
+    assert torch.equal(kept.transposed, kept.weight.T) and kept.transposed.is_contiguous()
 
 
 def test_hook_on_sglang_markov_head_gives_the_hot_bias():
@@ -143,7 +164,8 @@ def test_hot_space_loop_drafts_what_the_wide_loop_drafts(monkeypatch, bs, temper
     with torch.no_grad():
         head.markov_w1.weight.copy_(torch.randn(head.markov_w1.weight.shape, generator=gen))
         head.markov_w2.weight.copy_(torch.randn(head.markov_w2.weight.shape, generator=gen))
-    head._dspark_hot = hot_patch._hot_rows(hot_ids, head.markov_w2.weight.detach(), vocab)
+    head._dspark_hot = hot_patch._hot_rows(hot_ids, head.markov_w2.weight.detach(), vocab, one_row_layout=True)
+    assert head._dspark_hot.transposed is not None  # as served: one-row Markov products over the transposed rows
     draft = SimpleNamespace(markov_head=head, logits_mup_width_multiplier=None,
                             _dspark_hot=hot_patch._hot_rows(hot_ids, 3 * torch.randn(vocab, d, generator=gen), vocab))
     hidden = [torch.randn(bs * gamma, d, generator=gen) for _ in range(3)]

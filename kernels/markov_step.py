@@ -25,22 +25,42 @@ def cpu_markov_step(base_logits, bias, temperatures, step_dtype, logits_out=None
     ``width = bias.shape[1]`` columns, rounded through ``step_dtype`` and kept in ``logits_out`` (padding
     included, as upstream keeps them). Greedy rows (temperature 0, or every row when ``noise_seed`` is None) take
     the first maximum, or the first NaN (``torch.argmax`` order = upstream's lowest-index tie-break); sampled rows
-    take an exact sample of softmax(logits / T) (:func:`sample_rows`). Returns int64 ids [rows]."""
+    take an exact sample of softmax(logits / T) (:func:`sample_rows`). Returns int64 ids [rows].
+
+    A draft block runs this once per slot on a few rows, so its cost is the number of tensor operations, not their
+    size: the common cases (fp32 without padding: the hot-space loop; a batch all sampled or all greedy) take the
+    shortest sequence of operations that gives the same numbers (an fp32 add written straight into ``logits_out``;
+    no argmax or row gather for a batch with no greedy row)."""
     import torch
 
     width = bias.shape[1]
-    value = base_logits.to(torch.float32, copy=True)
-    value[:, :width] += bias.float()
-    value = value.to(step_dtype).float()
-    if logits_out is not None:
-        logits_out.copy_(value)
+    if (base_logits.shape[1] == width and base_logits.dtype == step_dtype == torch.float32
+            and (logits_out is None or logits_out.dtype == torch.float32)):
+        # The general path below without its copies (fp32 rounds nothing); ``out=`` only where autograd is not
+        # watching (a draft head's parameters outside inference mode).
+        if logits_out is None or base_logits.requires_grad or bias.requires_grad:
+            value = base_logits + bias.float()
+            if logits_out is not None:
+                logits_out.copy_(value)
+        else:
+            value = torch.add(base_logits, bias.float(), out=logits_out)
+    else:
+        value = base_logits.to(torch.float32, copy=True)
+        value[:, :width] += bias.float()
+        value = value.to(step_dtype).float()
+        if logits_out is not None:
+            logits_out.copy_(value)
     keys = value[:, :width]
+    if noise_seed is None:
+        return keys.argmax(dim=1)
+    sampled = temperatures != 0
+    if bool(sampled.all()):
+        return sample_rows(keys / temperatures[:, None], torch.Generator().manual_seed(noise_seed))
     tokens = keys.argmax(dim=1)
-    if noise_seed is not None:
-        rows = (temperatures != 0).nonzero().squeeze(1)
-        if rows.numel():
-            generator = torch.Generator().manual_seed(noise_seed)
-            tokens[rows] = sample_rows(keys[rows] / temperatures[rows, None], generator)
+    rows = sampled.nonzero().squeeze(1)
+    if rows.numel():
+        generator = torch.Generator().manual_seed(noise_seed)
+        tokens[rows] = sample_rows(keys[rows] / temperatures[rows, None], generator)
     return tokens
 
 
@@ -53,8 +73,9 @@ def sample_rows(scaled_logits, generator):
     logits = scaled_logits.float()
     top = logits.max(dim=1, keepdim=True).values  # NaN when the row holds one
     usable = torch.isfinite(top).squeeze(1)
-    weights = torch.exp(logits - torch.where(usable[:, None], top, torch.zeros_like(top)))
+    all_usable = bool(usable.all())  # the common case: no fallback to mask or take
+    weights = torch.exp(logits - (top if all_usable else torch.where(usable[:, None], top, torch.zeros_like(top))))
     cumulative = weights.cumsum(dim=1, dtype=torch.float64)
     uniform = torch.rand(logits.shape[0], 1, generator=generator, dtype=torch.float64) * cumulative[:, -1:]
     picks = torch.searchsorted(cumulative, uniform, right=True).squeeze(1).clamp_(max=logits.shape[1] - 1)
-    return torch.where(usable, picks, logits.argmax(dim=1))
+    return picks if all_usable else torch.where(usable, picks, logits.argmax(dim=1))

@@ -189,10 +189,11 @@ def test_b8_ragged_verify_metadata(loaded_plugins):
     assert extend_lens.tolist() == [8, 8, 8] and seq_lens.tolist() == [18, 28, 13]
 
 
-@pytest.mark.parametrize("step_dtype", [torch.float32, torch.bfloat16])
-def test_cpu_markov_step_matches_upstream_for_greedy_rows(loaded_plugins, monkeypatch, step_dtype):
+@pytest.mark.parametrize("step_dtype, padded", [(torch.float32, 40), (torch.bfloat16, 40), (torch.float32, 37)])
+def test_cpu_markov_step_matches_upstream_for_greedy_rows(loaded_plugins, monkeypatch, step_dtype, padded):
     """The CPU Markov-step hook never runs upstream's Philox noise, yet greedy rows get upstream's tokens and the
-    kept step logits are upstream's (ties and NaN included), alone or next to sampled rows."""
+    kept step logits are upstream's (ties and NaN included), alone or next to sampled rows; with padded columns
+    and without (fp32 without padding: the hook's one-add path)."""
     from sglang.kernels.ops.speculative.dspark import markov_sample
 
     step_cls = markov_sample.MarkovSampleStep
@@ -201,7 +202,7 @@ def test_cpu_markov_step_matches_upstream_for_greedy_rows(loaded_plugins, monkey
     real_philox = markov_sample._philox
     monkeypatch.setattr(markov_sample, "_philox", lambda *a: philox_calls.append(1) or real_philox(*a))
 
-    rows, width, padded = 5, 37, 40  # padded columns past the bias width must never win
+    rows, width = 5, 37  # padded columns past the bias width must never win
     gen = torch.Generator().manual_seed(3)
     base = torch.randn(rows, padded, generator=gen)
     base[:, width:] = 100.0
@@ -248,6 +249,41 @@ def test_cpu_markov_step_samples_the_step_distribution(loaded_plugins):
     # Same seed, same token: a server seed reproduces a run.
     again = cpu_markov_step(logits, bias, temperature, torch.float32, noise_seed=markov_noise_seed(7, 11, 1))
     assert int(again) == int(tokens[11])
+
+
+def test_cpu_markov_step_shortcuts_give_the_general_paths_numbers():
+    """The short paths (fp32 without padding: one add into the kept logits; a batch with no greedy row: no argmax or
+    row gather; rows all finite: no fallback masking) give the numbers of the general ones: the same rows through a
+    padded base (general add), next to a greedy row (gather), next to a NaN row (fallback)."""
+    from sglang_dspark.kernels.markov_step import cpu_markov_step, sample_rows
+
+    gen = torch.Generator().manual_seed(11)
+    rows, width = 4, 50
+    base = torch.randn(rows, width, generator=gen) * 3
+    base[1, 5] = float("-inf")  # a masked token
+    bias = torch.randn(rows, width, generator=gen)
+    padded = torch.cat([base, torch.full((rows, 2), 100.0)], dim=1)
+    for temperatures, seed in ((torch.full((rows,), 0.7), 123), (torch.tensor([0.0, 0.9, 0.0, 1.3]), 77),
+                               (torch.zeros(rows), None)):
+        kept_fast = torch.empty(rows, 3, width)[:, 1]  # a slot of a block's kept logits: not contiguous
+        kept_general = torch.empty(rows, width + 2)
+        fast = cpu_markov_step(base, bias, temperatures, torch.float32, kept_fast, noise_seed=seed)
+        general = cpu_markov_step(padded, bias, temperatures, torch.float32, kept_general, noise_seed=seed)
+        assert torch.equal(fast, general) and int(fast.max()) < width
+        assert torch.equal(kept_fast, kept_general[:, :width]) and torch.equal(kept_fast, base + bias)
+    # All sampled, without vs with a greedy row beside them: one uniform per sampled row, in row order.
+    temperatures = torch.full((rows,), 0.8)
+    alone = cpu_markov_step(base, bias, temperatures, torch.float32, noise_seed=5)
+    beside = cpu_markov_step(torch.cat([base, base[:1]]), torch.cat([bias, bias[:1]]),
+                             torch.cat([temperatures, torch.zeros(1)]), torch.float32, noise_seed=5)
+    assert torch.equal(alone, beside[:rows]) and int(beside[rows]) == int((base[0] + bias[0]).argmax())
+    # Rows all finite, without vs with a row that falls back to its argmax.
+    scaled = (base + bias) / 0.8
+    finite = sample_rows(scaled, torch.Generator().manual_seed(9))
+    with_nan = sample_rows(torch.cat([scaled, torch.tensor([[0.0, float("nan")] + [0.0] * (width - 2)])]),
+                           torch.Generator().manual_seed(9))
+    assert torch.equal(finite, with_nan[:rows]) and int(with_nan[rows]) == 1
+    assert not torch.isin(torch.tensor([5]), finite[1:2]).any()
 
 
 def test_version_guard_refuses_other_sglang(monkeypatch):

@@ -52,7 +52,8 @@ DEFAULT_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
 MAX_CONCURRENCY = 1024
 MAX_LEVELS = 16
 MAX_PROMPTS_PER_LEVEL = 4096
-CONFIG_NAMES = ("no-spec", "dspark", "dspark-verify-all", "dspark-gate-off", "dspark-upstream", "ngram")
+CONFIG_NAMES = ("no-spec", "no-spec-control", "dspark", "dspark-verify-all", "dspark-gate-off", "dspark-upstream",
+                "ngram")
 DEFAULT_CONFIGS = ("no-spec", "dspark", "dspark-verify-all", "dspark-upstream", "ngram")
 
 
@@ -77,6 +78,9 @@ def launch_configs(names: list[str], draft: str | None, ngram_draft_tokens: int 
         draft_args += ["--speculative-draft-model-path", str(draft)]
     table = {
         "no-spec": ServerConfig("no-spec", "no-spec"),
+        # A second no-spec server: its ratio to the first is what two identical servers read in this run (on a shared
+        # 2-core machine ±5-10 % per level), the yardstick for every other ratio of the table.
+        "no-spec-control": ServerConfig("no-spec-control", "no-spec (control)"),
         "dspark": ServerConfig("dspark", "DSPARK (sglang-dspark)", draft_args),
         # Our worker, static mode (every draft verified): what confidence scheduling gains over verifying all.
         "dspark-verify-all": ServerConfig(

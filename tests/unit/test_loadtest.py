@@ -115,6 +115,9 @@ def test_launch_configs_set_the_documented_switches():
     assert configs["dspark-gate-off"].env == {"SGLANG_DSPARK_DRAFT_GATE": "off"}
     assert configs["dspark-upstream"].env == {"SGLANG_DSPARK_WORKER": "upstream"}
     assert configs["no-spec"].args == [] and "DSPARK" in configs["dspark"].args
+    control = configs["no-spec-control"]  # the same launch as no-spec, under its own name and label
+    assert (control.args, control.env) == (configs["no-spec"].args, configs["no-spec"].env)
+    assert control.label != configs["no-spec"].label
     with pytest.raises(runner.LoadTestError, match="unknown configuration"):
         runner.launch_configs(["eagle"], draft=None)
 

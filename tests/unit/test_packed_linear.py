@@ -25,6 +25,7 @@ from sglang_dspark.cpu.packed_linear import (
     pack_weight,
     packed_linear,
     packing_available,
+    packs_dtype,
     reference_linear,
     row_bucket,
 )
@@ -51,9 +52,32 @@ def test_parity_bf16_and_strided_input():
     x = torch.randn(5, 96)[:, ::2]  # not contiguous
     torch.testing.assert_close(packed_linear(x, pack_weight(weight)), F.linear(x, weight), rtol=1e-4, atol=1e-4)
     wb, xb = weight.bfloat16(), torch.randn(7, 48).bfloat16()
+    assert can_pack(wb) == packs_dtype(torch.bfloat16)
+    if not packs_dtype(torch.bfloat16):  # an AVX2 CPU: bf16 weights are not offered for packing (next test)
+        return
     got = packed_linear(xb, pack_weight(wb))
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), F.linear(xb.float(), wb.float()), rtol=2e-2, atol=5e-2)
+
+
+def test_bf16_weights_are_packed_only_where_onednn_can(monkeypatch):
+    """On a CPU without bf16 support oneDNN's reorder raises; can_pack must refuse such weights beforehand (a bf16
+    server would otherwise stop at start-up), and say yes where the CPU has it."""
+    wb = torch.randn(16, 8).bfloat16()
+    try:
+        pack_weight(wb)
+        reorder_works = True
+    except RuntimeError:
+        reorder_works = False
+    assert packs_dtype(torch.bfloat16) == reorder_works  # the probe agrees with what the reorder does here
+    assert can_pack(wb) == reorder_works and can_pack(torch.randn(16, 8))
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False, raising=False)
+    packs_dtype.cache_clear()
+    try:
+        assert not can_pack(wb) and can_pack(torch.randn(16, 8))
+    finally:
+        monkeypatch.undo()
+        packs_dtype.cache_clear()
 
 
 def test_a_row_does_not_depend_on_the_other_rows():
@@ -93,7 +117,7 @@ def test_only_bucketed_row_counts_reach_onednn(monkeypatch):
 
 def test_what_can_be_packed():
     assert can_pack(torch.randn(4, 3))
-    assert can_pack(torch.randn(4, 3).bfloat16())
+    assert can_pack(torch.randn(4, 3).bfloat16()) == packs_dtype(torch.bfloat16)  # bf16: where oneDNN has it
     assert not can_pack(torch.randn(4, 3).half())
     assert not can_pack(torch.randn(4))
     assert not can_pack(torch.randn(4, 3, requires_grad=True))

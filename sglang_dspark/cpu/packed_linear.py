@@ -68,12 +68,10 @@ def packs_dtype(dtype: torch.dtype) -> bool:
     """oneDNN packs weights of ``dtype`` on this CPU. bfloat16 needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT: on an AVX2
     machine the reorder raises at the first weight, which would stop a bf16 server at start-up; those weights stay
     on torch's own linear instead."""
-    if dtype == torch.float32:
-        return True
     if dtype == torch.bfloat16:
         probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
         return bool(probe()) if probe is not None else False
-    return False
+    return dtype in PACKED_DTYPES
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -81,7 +79,6 @@ def can_pack(weight: torch.Tensor) -> bool:
         isinstance(weight, torch.Tensor)
         and weight.device.type == "cpu"
         and weight.dim() == 2
-        and weight.dtype in PACKED_DTYPES
         and packs_dtype(weight.dtype)
         and not weight.requires_grad
         and weight.numel() > 0

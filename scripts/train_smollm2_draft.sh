@@ -22,6 +22,12 @@
 #   8. train:     warm start from stage 1 over its hot vocabulary (exact FR-Spec loss: train --hot-vocab), 600 steps,
 #                 peak lr 3e-4
 #   9. calibrate: STS on that mix; export to WORK_DIR/stage2/draft
+# Stage 3 (WORK_DIR/stage3):
+#  10. prompts:   96 inputs per BIG-bench training task (same split; prompts stage 2 answered dropped) interleaved
+#                 with 900 everyday instructions (code, sums, writing, how-to: `training instructions`), answers at
+#                 T = 0.7 for STAGE3_GEN_MINUTES (default 28)
+#  11. train:     warm start from stage 2 on stage 2's + stage 3's answers, same hot vocabulary and loss
+#  12. calibrate: STS on stage 2's calibration mix; export to WORK_DIR/stage3/draft
 set -euo pipefail
 WORK=${1:?usage: scripts/train_smollm2_draft.sh WORK_DIR [STEPS]}
 STEPS=${2:-1100}
@@ -74,5 +80,33 @@ $T train --target "$TARGET" --data "$S2/train_answers.jsonl" --out "$S2/run" --i
 $T calibrate --draft "$S2/draft" --target "$TARGET" --data "$S2/calib_mix_answers.jsonl" \
     --cache-dir "$S2/calib_features" --out "$S2/draft/dspark_sts.json" --threads 2
 cp "$WORK/draft/dspark_hot_vocab.json" "$S2/draft/"
-echo "draft: $S2/draft  (copy config.json, model.safetensors, dspark_sts.json and dspark_hot_vocab.json to"
+
+# ------------------------------------------------------------------------------------------------ stage 3
+S3="$WORK/stage3"
+mkdir -p "$S3"
+$T instructions --out "$S3/instruction_prompts.jsonl" --count 900 --seed 0
+$T prompts --bigbench "$WORK/bigbench-1.0.0.tar.gz" --out-dir "$S3/bb" --per-task 96
+"$PY" - "$S3" "$S2" <<'PY'
+import json, random, sys
+s3, s2 = sys.argv[1], sys.argv[2]
+answered = {json.loads(l)["messages"][0]["content"] for f in ("train_answers", "calib_mix_answers")
+            for l in open(f"{s2}/{f}.jsonl", encoding="utf-8")}
+bb = [json.loads(l) for l in open(f"{s3}/bb/train_prompts.jsonl", encoding="utf-8")]
+bb = [p for p in bb if p["text"] not in answered]
+random.Random(3).shuffle(bb)
+ins = [json.loads(l) for l in open(f"{s3}/instruction_prompts.jsonl", encoding="utf-8")]
+mixed = [p for i in range(max(len(bb), len(ins))) for p in (ins[i:i + 1] + bb[i:i + 1])]  # one of each in turn
+with open(f"{s3}/train_prompts.jsonl", "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(p) + "\n" for p in mixed)
+PY
+$T generate --target "$TARGET" --prompts "$S3/train_prompts.jsonl" --out "$S3/train_answers.jsonl" \
+    --concurrency 48 --seed 3 --deadline-minutes "${STAGE3_GEN_MINUTES:-28}"
+cat "$S2/train_answers.jsonl" "$S3/train_answers.jsonl" > "$S3/train_mix_answers.jsonl"
+$T train --target "$TARGET" --data "$S3/train_mix_answers.jsonl" --out "$S3/run" --init-from "$S2/draft" \
+    --hot-vocab "$S2/draft" --block-size 7 --max-length 1024 --steps STAGE3_STEPS --batch-size 8 --num-anchors 64 \
+    --micro-tokens 512 --lr 3e-4 --warmup-ratio 0.03 --min-lr-ratio 0.1 --save-every 50 --keep-checkpoints 100 \
+    --log-every 5 --threads 2 --omit-shared --export-dir "$S3/draft" --resume
+$T calibrate --draft "$S3/draft" --target "$TARGET" --data "$S2/calib_mix_answers.jsonl" \
+    --cache-dir "$S2/calib_features" --out "$S3/draft/dspark_sts.json" --threads 2
+echo "draft: $S3/draft  (copy config.json, model.safetensors, dspark_sts.json and dspark_hot_vocab.json to"
 echo "       sglang_dspark/embedded/smollm2_draft to ship it)"

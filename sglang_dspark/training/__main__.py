@@ -1,6 +1,7 @@
-"""``python -m sglang_dspark.training {prompts,generate,features,train,export,calibrate,evaluate,curve}``: train a DSpark draft.
+"""``python -m sglang_dspark.training {prompts,instructions,generate,features,train,export,calibrate,evaluate,curve}``: train a DSpark draft.
 
     prompts    --bigbench SDIST --out-dir DIR   BIG-bench inputs -> DIR/{train,heldout}_prompts.jsonl (split by task)
+    instructions --out FILE [--count 800]      everyday requests (code, sums, writing, how-to) composed from templates
     generate   --target DIR --prompts FILE --out FILE.jsonl [--temperature 0.7 --deadline-minutes M]
                the target's answers through our SGLang CPU server (resumable)
 
@@ -102,6 +103,16 @@ def cmd_prompts(args) -> int:
     write_prompts(out / "heldout_prompts.jsonl", held)
     print(f"{len(train)} train prompts ({len({p.task for p in train})} tasks), {len(held)} held-out "
           f"({len({p.task for p in held})} tasks) -> {out}")
+    return 0
+
+
+def cmd_instructions(args) -> int:
+    from .corpus import write_prompts
+    from .instructions import instruction_prompts
+
+    prompts = instruction_prompts(args.count, seed=args.seed)
+    write_prompts(Path(args.out), prompts)
+    print(f"{len(prompts)} instruction prompts -> {args.out}")
     return 0
 
 
@@ -395,6 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--held-out-percent", type=int, default=15)
     pr.add_argument("--seed", type=int, default=0)
     pr.set_defaults(func=cmd_prompts)
+
+    ins = sub.add_parser("instructions", help="everyday instruction prompts (code, sums, writing, how-to) to answer")
+    ins.add_argument("--out", required=True)
+    ins.add_argument("--count", type=int, default=800)
+    ins.add_argument("--seed", type=int, default=0)
+    ins.set_defaults(func=cmd_instructions)
 
     g = sub.add_parser("generate", help="the target's answers to prompts, through our SGLang CPU server")
     g.add_argument("--target", required=True)

@@ -108,6 +108,21 @@ def test_feature_cache_matches_the_target(setup):
     assert len(again) == len(cache) == len(PROMPTS)
 
 
+def test_feature_cache_batches_by_length_and_keeps_data_set_order(setup, tmp_path):
+    """Small batches over sequences of different lengths (batched shortest first): every row is its own sequence's."""
+    seqs = load_sequences(setup["data"])
+    assert len({len(s.input_ids) for s in seqs}) > 1
+    cache = build_feature_cache(setup["pair"].target_dir, seqs, tmp_path / "features", LAYER_IDS,
+                                store_dtype=torch.float32, batch_tokens=2 * max(len(s.input_ids) for s in seqs),
+                                progress=False)
+    for i, s in enumerate(seqs):
+        assert cache[i].input_ids.tolist() == list(s.input_ids)
+        with torch.no_grad():
+            out = setup["target"](cache[i].input_ids[None], output_hidden_states=True)
+        torch.testing.assert_close(cache[i].aux, torch.cat([out.hidden_states[l + 1][0] for l in LAYER_IDS], dim=-1),
+                                   rtol=0, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------- model
 
 

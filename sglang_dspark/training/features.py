@@ -212,7 +212,8 @@ def build_feature_cache(
                 j += 1
             batch = by_length[i:j]
             for t, (aux, last, lse) in zip(batch, runner.run([seqs[t].input_ids for t in batch])):
-                results[t] = (aux.to(store_dtype), last.to(store_dtype), lse)  # copies: the padded batch is freed
+                # copies, not views: the padded batch is freed before the next one
+                results[t] = (aux.to(store_dtype, copy=True), last.to(store_dtype, copy=True), lse)
                 bar.update(len(seqs[t].input_ids))
             i = j
         aux_rows, last_rows, lse_rows, ids, masks, offsets = [], [], [], [], [], [0]

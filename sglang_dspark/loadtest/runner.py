@@ -52,8 +52,8 @@ DEFAULT_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
 MAX_CONCURRENCY = 1024
 MAX_LEVELS = 16
 MAX_PROMPTS_PER_LEVEL = 4096
-CONFIG_NAMES = ("no-spec", "no-spec-control", "dspark", "dspark-verify-all", "dspark-gate-off", "dspark-upstream",
-                "ngram")
+CONFIG_NAMES = ("no-spec", "no-spec-control", "dspark", "dspark-baseline-draft", "dspark-verify-all", "dspark-gate-off",
+                "dspark-upstream", "ngram")
 DEFAULT_CONFIGS = ("no-spec", "dspark", "dspark-verify-all", "dspark-upstream", "ngram")
 
 
@@ -72,16 +72,25 @@ class ServerConfig:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def launch_configs(names: list[str], draft: str | None, ngram_draft_tokens: int = 8) -> list[ServerConfig]:
+def launch_configs(names: list[str], draft: str | None, ngram_draft_tokens: int = 8,
+                   baseline_draft: str | None = None) -> list[ServerConfig]:
     draft_args = ["--speculative-algorithm", "DSPARK"]
     if draft:
         draft_args += ["--speculative-draft-model-path", str(draft)]
+    if "dspark-baseline-draft" in names and not baseline_draft:
+        raise LoadTestError("configuration dspark-baseline-draft needs --baseline-draft-model-path DRAFT_DIR")
     table = {
         "no-spec": ServerConfig("no-spec", "no-spec"),
         # A second no-spec server: its ratio to the first is what two identical servers read in this run (on a shared
         # 2-core machine ±5-10 % per level), the yardstick for every other ratio of the table.
         "no-spec-control": ServerConfig("no-spec-control", "no-spec (control)"),
         "dspark": ServerConfig("dspark", "DSPARK (sglang-dspark)", draft_args),
+        # The same server with another draft (e.g. the one shipped before a retrained one): two drafts served side by
+        # side in one interleaved run, on the same prompts, so their ratios share the machine's drift.
+        "dspark-baseline-draft": ServerConfig(
+            "dspark-baseline-draft", "DSPARK, baseline draft",
+            ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(baseline_draft)],
+        ),
         # Our worker, static mode (every draft verified): what confidence scheduling gains over verifying all.
         "dspark-verify-all": ServerConfig(
             "dspark-verify-all", "DSPARK verify-all", draft_args, {"SGLANG_DSPARK_ADMISSION": "verify-all"}
@@ -526,7 +535,7 @@ def _run_launched(args, levels, level_prompts, result) -> None:
         from sglang_dspark.embedded.defaults import ensure_default_pair
 
         target, draft = ensure_default_pair()
-    configs = launch_configs(args.configs, draft, args.ngram_draft_tokens)
+    configs = launch_configs(args.configs, draft, args.ngram_draft_tokens, args.baseline_draft_model_path)
     if any(c.name.startswith("dspark") for c in configs) and not draft:
         print("[loadtest] no --draft-model-path: DSPARK uses the draft SGLang resolves for the target",
               file=sys.stderr)
@@ -543,6 +552,7 @@ def _run_launched(args, levels, level_prompts, result) -> None:
     interleaved = device == "cpu" and not args.one_at_a_time
     result["settings"].update({"model_label": Path(str(target)).name, "model_path": str(target),
                                "draft_model_path": str(draft) if draft else None, "device": device,
+                               "baseline_draft_model_path": args.baseline_draft_model_path,
                                "max_total_tokens": max_total_tokens, "dtype": args.dtype,
                                "schedule": "interleaved" if interleaved else "one at a time"})
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="sglang-dspark-loadtest-"))
@@ -617,6 +627,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="configurations to launch one after another (default: " + " ".join(DEFAULT_CONFIGS) + ")")
     target.add_argument("--model-path", help="target model (default: the embedded SmolLM2 pair)")
     target.add_argument("--draft-model-path", help="DSpark draft for --model-path")
+    target.add_argument("--baseline-draft-model-path",
+                        help="a second DSpark draft for the same target, served as configuration "
+                             "dspark-baseline-draft (added to --configs when missing): a new draft against the old one")
     target.add_argument("--dtype", default="float32")
     target.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     target.add_argument("--max-total-tokens", type=int, help="KV cache size of launched servers (default: sized "
@@ -672,8 +685,8 @@ def _stop_on_sigterm():
     return signal.signal(signal.SIGTERM, interrupt)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, checked: combinations that cannot work are refused here, before any server starts."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.label and (not args.url or len(args.label) != len(args.url)):
@@ -682,8 +695,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--model-path/--draft-model-path launch servers; with --url the servers are already running")
     if args.draft_model_path and not args.model_path:
         parser.error("--draft-model-path goes with --model-path")
+    if args.baseline_draft_model_path:
+        if args.url:
+            parser.error("--baseline-draft-model-path launches a server; with --url the servers are already running")
+        if not (Path(args.baseline_draft_model_path) / "config.json").is_file():
+            parser.error(f"--baseline-draft-model-path {args.baseline_draft_model_path}: no config.json there "
+                         "(give the folder of a DSpark draft checkpoint)")
+        if "dspark-baseline-draft" not in args.configs:
+            args.configs = [*args.configs, "dspark-baseline-draft"]
+    elif "dspark-baseline-draft" in args.configs and not args.url:
+        parser.error("configuration dspark-baseline-draft needs --baseline-draft-model-path DRAFT_DIR")
     if args.max_tokens < 1 or args.request_timeout <= 0 or args.level_timeout <= 0:
         parser.error("--max-tokens, --request-timeout and --level-timeout must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
     if args.replot:
         return replot(args.replot, args.output_dir)
     previous_handler = _stop_on_sigterm()

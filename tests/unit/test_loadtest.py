@@ -110,7 +110,7 @@ def test_admission_delta_is_the_traffic_between_snapshots():
 
 
 def test_launch_configs_set_the_documented_switches():
-    configs = {c.name: c for c in runner.launch_configs(list(runner.CONFIG_NAMES), draft=None)}
+    configs = {c.name: c for c in runner.launch_configs(list(runner.CONFIG_NAMES), draft=None, baseline_draft="/old")}
     assert configs["dspark-verify-all"].env == {"SGLANG_DSPARK_ADMISSION": "verify-all"}
     assert configs["dspark-gate-off"].env == {"SGLANG_DSPARK_DRAFT_GATE": "off"}
     assert configs["dspark-upstream"].env == {"SGLANG_DSPARK_WORKER": "upstream"}
@@ -120,6 +120,32 @@ def test_launch_configs_set_the_documented_switches():
     assert control.label != configs["no-spec"].label
     with pytest.raises(runner.LoadTestError, match="unknown configuration"):
         runner.launch_configs(["eagle"], draft=None)
+
+
+def test_baseline_draft_is_a_second_dspark_server_with_the_other_draft(tmp_path, capsys):
+    configs = {c.name: c for c in runner.launch_configs(["dspark", "dspark-baseline-draft"], draft="/new",
+                                                          baseline_draft="/old")}
+    assert configs["dspark"].args[-2:] == ["--speculative-draft-model-path", "/new"]
+    assert configs["dspark-baseline-draft"].args == ["--speculative-algorithm", "DSPARK",
+                                                     "--speculative-draft-model-path", "/old"]
+    assert configs["dspark-baseline-draft"].env == {} and configs["dspark-baseline-draft"].label != configs["dspark"].label
+    with pytest.raises(runner.LoadTestError, match="--baseline-draft-model-path"):
+        runner.launch_configs(["dspark-baseline-draft"], draft=None)
+    # The command line: the configuration without a draft, or a folder that is not a draft, is refused up front.
+    for argv, message in (
+        (["--configs", "no-spec", "dspark-baseline-draft"], "needs --baseline-draft-model-path"),
+        (["--baseline-draft-model-path", str(tmp_path)], "no config.json there"),
+        (["--url", "http://127.0.0.1:1", "--baseline-draft-model-path", str(tmp_path)], "already running"),
+    ):
+        with pytest.raises(SystemExit):
+            runner.parse_args(argv)
+        assert message in capsys.readouterr().err
+    # A draft folder given: its server joins the configurations named (once), after them.
+    (tmp_path / "config.json").write_text("{}")
+    args = runner.parse_args(["--configs", "no-spec", "dspark", "--baseline-draft-model-path", str(tmp_path)])
+    assert args.configs == ["no-spec", "dspark", "dspark-baseline-draft"]
+    args = runner.parse_args(["--configs", "dspark-baseline-draft", "no-spec", "--baseline-draft-model-path", str(tmp_path)])
+    assert args.configs == ["dspark-baseline-draft", "no-spec"]
 
 
 # ------------------------------------------------------------------------------------------------ request engine

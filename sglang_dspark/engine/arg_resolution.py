@@ -8,7 +8,8 @@
    tuning by hand. An explicit path always wins.
 4. With our worker, pick the verify mode (``engine/verify_mode.py``): compact only where the attention backend runs
    ragged verify correctly in the mode in use (CUDA graphs or eager; on triton / flashinfer graphs after our
-   patch's on-device self-check, ``engine/ragged_self_check.py``), static otherwise, with one log line saying
+   patch's on-device self-check, ``engine/ragged_self_check.py``) and the draft's config says it has a confidence
+   head, wherever the draft comes from (``engine/draft_head.py``), static otherwise, with one log line saying
    why. SGLang builds the draft (and its confidence head) from ``SGLANG_RAGGED_VERIFY_MODE`` in the scheduler
    process, which inherits the launcher's environment; the choice is made here, before upstream's own resolution
    (so its "requires static" checks see it) and before any scheduler is spawned.
@@ -33,7 +34,8 @@ from sglang_dspark.engine.verify_mode import (
     facts_from_server_args,
     needs_ragged_self_check,
 )
-from sglang_dspark.scheduling.policy import draft_has_confidence_head, read_admission_policy
+from sglang_dspark.engine.draft_head import read_draft_confidence_head
+from sglang_dspark.scheduling.policy import read_admission_policy
 
 logger = logging.getLogger(__name__)
 DSPARK_ARG_HANDLER = "sglang.srt.arg_groups.speculative_hook._handle_dspark"
@@ -84,13 +86,22 @@ def _with_ragged_self_check(facts):
     return replace(facts, ragged_self_check=result.passed, ragged_self_check_detail=result.detail)
 
 
-def _apply_verify_mode(view, draft_path, policy, user_mode):
+def _draft_head(view, draft_path):
+    return read_draft_confidence_head(draft_path, getattr(view, "speculative_draft_model_revision", None))
+
+
+def _apply_verify_mode(view, draft_path, policy, user_mode, head=None):
     """Decide compact vs static for this engine (backend, graphs, device, TP/DP/PD, draft) and export it: SGLang
     reads SGLANG_RAGGED_VERIFY_MODE at every call and the scheduler processes inherit the environment, and so does
-    the list of ragged-verify patches our plugin installs there."""
+    the list of ragged-verify patches our plugin installs there.
+
+    ``head`` (engine/draft_head.py) is read from ``draft_path`` when not given; a head that could not be read counts
+    as none: compact only for a draft whose config was read and has one (upstream would refuse to start otherwise)."""
     from sglang_dspark.engine.ragged_self_check import export_patched_backends
 
-    facts = facts_from_server_args(view, draft_has_confidence_head(draft_path), policy, user_mode)
+    head = head if head is not None else _draft_head(view, draft_path)
+    facts = facts_from_server_args(view, head.present is True, policy, user_mode,
+                                   confidence_head_detail=head.source)
     if needs_ragged_self_check(facts):
         facts = _with_ragged_self_check(facts)
     decision = decide_verify_mode(facts)
@@ -141,12 +152,22 @@ def handle_dspark(original, server_args):
     view = resolving_view(server_args)  # a live view: it sees declarations made after this line too
     _default_draft_for_embedded_target(server_args, view)
     ours = not use_upstream_worker()
+    decided_before = False
     if ours:
         # Before upstream's resolution, so that its own "requires static" checks see the mode we choose.
         policy = read_admission_policy()
         user_mode = os.environ.get(VERIFY_MODE_ENV, "").strip() or None
         known_draft = _draft_path_known_before_upstream(view)
-        _apply_verify_mode(view, known_draft, policy, user_mode)  # raises on an unsafe forced compact
+        head = _draft_head(view, known_draft)
+        # Where the draft's config cannot be read yet (a hub id not in the local HF cache, a draft upstream finds in
+        # the target checkpoint), the decision waits until after upstream's resolution, which reads that config itself
+        # (speculative_hook.py:791-804: get_config downloads it into the HF cache) and declares a bundled draft.
+        # Deciding in the scheduler process instead would come too late: the target's CUDA graphs are captured for the
+        # verify mode before the draft (and its confidence head) is built. Meanwhile upstream's checks see the user's
+        # mode or SGLang's default static, never a compact we may take back.
+        if head.known:
+            _apply_verify_mode(view, known_draft, policy, user_mode, head)  # raises on an unsafe forced compact
+            decided_before = True
     if cpu_platform_active():
         from sglang_dspark.patches.cpu_dspark import handle_dspark_allowing_cpu
 
@@ -160,6 +181,8 @@ def handle_dspark(original, server_args):
         declare_resolution(server_args, "sglang_dspark.engine.arg_resolution",
                            speculative_dspark_confidence_sts_path=sts_path)
     _draft_dtype_follows_target(server_args, view, draft_path)
-    if ours and draft_path != known_draft:  # upstream filled in a bundled/hub draft: decide again with it
+    if ours and not (decided_before and draft_path == known_draft):
+        # The draft upstream resolved (bundled, hub): its config is read now or never, and unread counts as no head,
+        # so a draft without a confidence head runs verify-all instead of stopping start-up in upstream's loader.
         _apply_verify_mode(view, draft_path, policy, user_mode)
     return result

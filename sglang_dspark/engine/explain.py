@@ -19,7 +19,9 @@ resolution steps the verify-mode decision depends on as small pure tables, each 
   (``pass`` by default, ``fail`` shows the fallback), and says so in ``ragged_self_check``.
 
 A local ``--model-path`` / ``--speculative-draft-model-path`` folder is read (config.json only) when present; hub ids
-are never fetched.
+are never fetched: a hub draft's config.json is read from the local Hugging Face cache when it is there
+(``engine/draft_head.py``, as the server reads it), else its confidence head is assumed present and
+``confidence_head`` says so (the server reads the config at start-up and runs verify-all without a head).
 """
 
 from __future__ import annotations
@@ -35,8 +37,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from sglang_dspark.engine.verify_mode import (
+    SPS_PROBES_DP_ATTENTION_SKIPPED,
     STATIC,
     VERIFY_MODE_ENV,
+    EngineFacts,
+    VerifyModeDecision,
     decide_verify_mode,
     decode_graph_backend,
     facts_from_server_args,
@@ -46,7 +51,7 @@ from sglang_dspark.engine.verify_mode import (
 )
 
 OUTPUT_KEYS = ("attention_backend", "cuda_graph", "verify_mode", "reason", "admission_policy", "gamma",
-               "sps_probe_shapes", "ragged_self_check")
+               "sps_probe_shapes", "ragged_self_check", "confidence_head", "sps_profiling")
 SELF_CHECK_OUTCOMES = ("pass", "fail")
 DEFAULT_DSPARK_GAMMA = 7  # speculative/dspark_components/dspark_config.py:21
 DSPARK_DEFAULT_MAX_RUNNING_REQUESTS = 48  # arg_groups/speculative_hook.py:852-857
@@ -290,6 +295,27 @@ def _draft_path(raw: Any) -> Optional[str]:
     return None
 
 
+def confidence_head_note(present: Optional[bool], source: str) -> str:
+    """What explain says about the draft's confidence head (``present`` None: not readable here, assumed present)."""
+    if present is None:
+        return (f"unknown here: {source}; assumed present (the server reads the draft's config at start-up and runs "
+                "verify-all if it has no confidence head)")
+    return f"{'yes' if present else 'no (verify-all)'}: {source}"
+
+
+def sps_profiling_note(facts: EngineFacts, decision: VerifyModeDecision) -> str:
+    """Whether the server would run its start-up SPS probes, and why not (pure)."""
+    if facts.sps_table_from_file:
+        return "no probes: the table from --speculative-dspark-sps-table-path"
+    if facts.attn_dp_size > 1 and not facts.sps_probes_dp_attention:
+        return f"probes skipped: DP attention ({SPS_PROBES_DP_ATTENTION_SKIPPED})"
+    if decision.verify_mode == STATIC:
+        return "no probes: static verify needs no SPS table"
+    if facts.pd_mode == "prefill":
+        return "no probes: a PD prefill server never verifies"
+    return "probes at start-up (sps_probe_shapes), then kept in the cache folder for the next start"
+
+
 def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Optional[str] = None, *,
             policy: Optional[str] = None, user_mode: Optional[str] = None,
             probe_shapes: ProbeShapes = planned_probe_shapes, ragged_self_check: str = "pass") -> dict:
@@ -302,7 +328,7 @@ def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Op
     if ragged_self_check not in SELF_CHECK_OUTCOMES:
         raise ValueError(f"ragged_self_check must be one of {SELF_CHECK_OUTCOMES}, got {ragged_self_check!r}")
     from sglang_dspark import envs
-    from sglang_dspark.scheduling.policy import draft_has_confidence_head
+    from sglang_dspark.engine.draft_head import read_draft_confidence_head
 
     raw = parse_launch_args(argv)
     if raw.speculative_algorithm not in (None, "DSPARK"):
@@ -320,7 +346,8 @@ def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Op
     draft_path = _draft_path(raw)
     draft_config = _read_json(draft_path)
     gamma = resolve_gamma(raw, draft_config)
-    has_head = draft_has_confidence_head(draft_path)
+    head = read_draft_confidence_head(draft_path, raw.speculative_draft_model_revision)
+    has_head = head.present is not False  # not readable here: assumed present (see confidence_head)
     policy = policy or envs.ADMISSION.get()
     if user_mode is None:
         user_mode = os.environ.get(VERIFY_MODE_ENV, "").strip() or None
@@ -333,7 +360,8 @@ def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Op
     view.device = device
     view.__dict__.update(vars(backends))
     facts = facts_from_server_args(view, has_head, policy, user_mode, hf_config=target_config,
-                                   use_mla=flags["use_mla"], gpu_sm=gpu.sm if gpu is not None else None)
+                                   use_mla=flags["use_mla"], gpu_sm=gpu.sm if gpu is not None else None,
+                                   confidence_head_detail=head.source)
     self_check_note = "not needed"
     if needs_ragged_self_check(facts):
         passed = ragged_self_check == "pass"
@@ -359,6 +387,8 @@ def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Op
         "gamma": gamma,
         "sps_probe_shapes": shapes,
         "ragged_self_check": self_check_note,
+        "confidence_head": confidence_head_note(head.present, head.source),
+        "sps_profiling": sps_profiling_note(facts, decision),
     }
 
 

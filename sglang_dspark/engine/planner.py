@@ -38,6 +38,7 @@ from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
 from sglang_dspark.engine.gate_trace import GateTrace
 from sglang_dspark.engine.step_record import StepRecord
+from sglang_dspark.engine.verify_mode import PLUGIN_SPS_PROBES_DP_ATTENTION, SPS_PROBES_DP_ATTENTION_SKIPPED
 from sglang_dspark.profiler.step_overhead import DraftedAndPlainOverheads, OverheadAdjustedCost
 from sglang_dspark.profiler.table_trust import TableAgreement
 from sglang_dspark.scheduling.draft_gate import DraftGate, GateDecision, SurvivalPrior
@@ -48,6 +49,16 @@ logger = logging.getLogger(__name__)
 
 CPU_PROFILED_MAX_REQUESTS = 48
 UPSTREAM_PLANNER_TARGET = "sglang.srt.speculative.dspark_components.dspark_planner.DSparkVerifyPlanner"
+
+
+def sps_probes_skipped(*, attn_dp_enabled: bool, table_path: Optional[str],
+                       probes_dp_attention: bool = PLUGIN_SPS_PROBES_DP_ATTENTION) -> Optional[str]:
+    """Why this engine must not run the start-up SPS probes (None: it may). A table file needs no probe at all."""
+    if table_path:
+        return None
+    if attn_dp_enabled and not probes_dp_attention:
+        return SPS_PROBES_DP_ATTENTION_SKIPPED
+    return None
 
 
 class _UnknownCost:
@@ -195,6 +206,17 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
 
         if get_disagg().disaggregation_mode == "prefill":
             return  # a PD prefill server never runs a verify forward
+        table_path = dspark_planner.get_spec().speculative_dspark_sps_table_path
+        skipped = sps_probes_skipped(attn_dp_enabled=bool(getattr(get_parallel(), "attn_dp_enabled", False)),
+                                     table_path=table_path)
+        if skipped is not None:
+            # The verify-mode decision already keeps --attn-dp-size > 1 static without a table file; this guard also
+            # covers what the launcher cannot see (an EP-scale joiner runs attention DP with attn_dp_size 1,
+            # runtime_context.py:191-199), so that a probe never runs a forward SGLang's DP sync does not expect.
+            logger.warning("sglang-dspark: SPS probes skipped: %s; this server verifies every draft token "
+                           "(verify-all). Pass --speculative-dspark-sps-table-path for confidence scheduling.", skipped)
+            self._fall_back_to_verify_all()
+            return
         from sglang_dspark.profiler.engine_measurer import obtain_sps_table
 
         max_requests = int(dspark_planner.get_schedule().max_running_requests or 48)
@@ -207,7 +229,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
                 model_runner=self.model_runner,
                 gamma=self.gamma,
                 max_requests=max_requests,
-                upstream_table_path=dspark_planner.get_spec().speculative_dspark_sps_table_path,
+                upstream_table_path=table_path,
             )
         except Exception:
             logger.exception(

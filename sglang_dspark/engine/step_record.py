@@ -9,16 +9,24 @@ the host wall time is the step time.
 
 A record whose copies are not done after ``max_pending`` later steps is dropped (counted): observability and the
 learned overhead may skip a step; the decode step never waits for them.
+
+Events come from the device's own module (``torch.cuda.Event``, ``torch.xpu.Event``, torch_npu's ``torch.npu.Event``;
+upstream DSPARK runs on CUDA, NPU and XPU: ``arg_groups/speculative_hook.py:669``), else from PyTorch's
+device-generic ``torch.Event``. A device with neither is read synchronously (one blocking copy per step, logged once):
+slower, never a crash at the first decode step.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,9 +53,62 @@ def pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def recorded_device_event(timing: bool = False):
+    """A recorded CUDA event (kept for callers that name CUDA; the recorder picks per device: :func:`event_maker`)."""
     event = torch.cuda.Event(enable_timing=timing)
     event.record()
     return event
+
+
+def _device(device):
+    """``torch.device(device)``, or the string itself where this torch does not know the type (``npu`` before
+    torch_npu renames the private-use backend)."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        return str(device)
+
+
+def _device_type(device) -> str:
+    device = _device(device)
+    return device.type if isinstance(device, torch.device) else device.split(":", 1)[0]
+
+
+def _event_factories(device, device_module_of: Callable) -> list:
+    """``timing -> event`` factories to try, best first: ``torch.<device>.Event`` where the device module has one
+    (cuda, xpu, npu through torch_npu, mps, ...), then PyTorch's device-generic ``torch.Event`` (2.4+)."""
+    factories = []
+    try:
+        event_class = getattr(device_module_of(_device_type(device)), "Event", None)
+    except (AttributeError, RuntimeError, ValueError):  # no module registered for this device type
+        event_class = None
+    if event_class is not None:
+        factories.append(lambda timing: event_class(enable_timing=timing))
+    generic = getattr(torch, "Event", None)
+    if generic is not None:
+        factories.append(lambda timing: generic(device=device, enable_timing=timing))
+    return factories
+
+
+def event_maker(device, device_module_of: Callable = torch.get_device_module) -> Optional[Callable[[bool], object]]:
+    """``make_event(timing)`` that records an event on ``device``'s current stream, or None where this device has no
+    usable event (the recorder then reads each step synchronously).
+
+    Each candidate makes and records one timing event here, so an event type that exists but does not work on this
+    device is found at start-up (and the next candidate tried), not at the first decode step."""
+    device = _device(device)
+    for factory in _event_factories(device, device_module_of):
+        def make_event(timing: bool = False, factory=factory):
+            event = factory(timing)
+            event.record()
+            return event
+
+        try:
+            make_event(True)
+        except (RuntimeError, TypeError, ValueError, NotImplementedError, AttributeError) as exc:
+            logger.debug("sglang-dspark: device event refused on %s (%s)", device, exc)
+            continue
+        return make_event
+    return None
 
 
 class _PendingCopy:
@@ -69,7 +130,10 @@ class _PendingCopy:
     def to_record(self) -> StepRecord:
         seconds = None
         if self.started_event is not None and self.ended_event.query():
-            seconds = self.started_event.elapsed_time(self.ended_event) / 1e3
+            try:
+                seconds = self.started_event.elapsed_time(self.ended_event) / 1e3
+            except RuntimeError:  # an event type without timing on this device: the step's lengths still count
+                seconds = None
         return _record_from_host(self.host, seconds, self.default_verify_len)
 
 
@@ -88,8 +152,19 @@ class StepRecorder:
     """``start()`` before a decode step, ``finish(...)`` after it; returns the records that are ready now."""
 
     def __init__(self, device, *, max_pending: int = 4, clock: Callable[[], float] = time.perf_counter,
-                 copy_to_host=pinned_copy, make_event=recorded_device_event) -> None:
-        self.on_host = torch.device(device).type == "cpu"
+                 copy_to_host=pinned_copy, make_event=None, device_module_of: Callable = torch.get_device_module
+                 ) -> None:
+        """``make_event(timing)`` defaults to :func:`event_maker` for ``device`` (not used on the CPU)."""
+        device_type = _device_type(device)
+        self.on_host = device_type == "cpu"
+        # No usable device event: read each step's tensors with a blocking copy (correct, one host sync per step).
+        self.synchronous = False
+        if not self.on_host and make_event is None:
+            make_event = event_maker(device, device_module_of)
+            if make_event is None:
+                self.synchronous = True
+                logger.warning("sglang-dspark: %s has no usable device events: each decode step's lengths are read "
+                               "with a blocking copy (one host sync per step)", device_type)
         self._copy_to_host = copy_to_host
         self._make_event = make_event
         self.max_pending = max_pending
@@ -99,7 +174,7 @@ class StepRecorder:
         self._started: object = None
 
     def start(self) -> None:
-        if self.on_host:
+        if self.on_host or self.synchronous:
             self._started = self._clock()
         else:
             self._started = self._make_event(True)
@@ -109,9 +184,10 @@ class StepRecorder:
         tensors = {"accept_lens": accept_lens, "cap_lens": cap_lens, "confidence": confidence}
         if confidence is not None and confidence.shape[0] != accept_lens.shape[0]:
             tensors["confidence"] = None  # scheduled for another batch (composition changed): not this step's
-        if self.on_host:
+        if self.on_host or self.synchronous:
+            # Blocking reads first, then the clock: without device events the step ends when its results landed.
+            host = {k: (v.detach().to("cpu") if v is not None else None) for k, v in tensors.items()}
             seconds = self._clock() - self._started
-            host = {k: (v.detach() if v is not None else None) for k, v in tensors.items()}
             host["drafted"] = drafted
             host["gate_choice"] = gate_choice
             return [_record_from_host(host, seconds, default_verify_len)]

@@ -71,6 +71,19 @@ ADMISSION_POLICIES = ("async", "exact", VERIFY_ALL, "off")
 #   different forward counts -> NCCL hang at start-up, different tables -> different graph tiers per rank).
 PLUGIN_SPS_PROBES_TIER_ALIGNED = True
 PLUGIN_SPS_PROFILE_RANK_CONSISTENT = True
+# * the start-up probes build a batch with the DP-attention fields (global_num_tokens*, dp_padding_mode) that SGLang's
+#   scheduler fills for every attention-DP rank together (managers/scheduler_components/dp_attn.py:518-);
+#   today they do not, so under DP attention they are skipped (engine/planner.py) and compact needs a table file.
+PLUGIN_SPS_PROBES_DP_ATTENTION = False
+# Why the probes are skipped under DP attention: one sentence, shared by the verify-mode reason, the planner's log
+# line and explain.
+SPS_PROBES_DP_ATTENTION_SKIPPED = (
+    "with DP attention the plugin's start-up SPS probes would run a hand-built verify batch without the DP-attention "
+    "fields (global_num_tokens_cpu / dp_padding_mode, model_executor/forward_batch_info.py:679-680, :755) that "
+    "SGLang's scheduler fills for all attention-DP ranks together (managers/scheduler_components/dp_attn.py:518-), so "
+    "its forward would skip the DP sync (model_executor/model_runner.py:1729-1732) and crash or hang; they are "
+    "skipped"
+)
 # Compact on triton (both modes) and on flashinfer inside CUDA graphs runs through our patches, checked on the CPU
 # only (TRITON_INTERPRET=1, a FlashInfer stand-in): on a GPU they open after the on-device self-check passed
 # (engine/ragged_self_check.py; EngineFacts.ragged_self_check), else static, which is correct everywhere.
@@ -226,6 +239,10 @@ class EngineFacts:
     sps_table_from_file: bool = False  # --speculative-dspark-sps-table-path: no start-up probes, same table per rank
     sps_probes_tier_aligned: bool = PLUGIN_SPS_PROBES_TIER_ALIGNED
     sps_profile_rank_consistent: bool = PLUGIN_SPS_PROFILE_RANK_CONSISTENT
+    sps_probes_dp_attention: bool = PLUGIN_SPS_PROBES_DP_ATTENTION
+    # where has_confidence_head was read, or why the draft's config could not be read (engine/draft_head.py); "" when
+    # not said (simulations): goes into the reason when there is no head
+    confidence_head_detail: str = ""
     # the on-device ragged-verify self-check of our triton / flashinfer patches (engine/ragged_self_check.py):
     # True passed, False failed or skipped, None not run; the detail goes into the reason
     ragged_self_check: Optional[bool] = None
@@ -262,9 +279,11 @@ def _blockers(f: EngineFacts) -> list[str]:
     backend = f.attention_backend or "unknown"
     mode = "CUDA graphs" if f.cuda_graph else "eager mode"
     if not f.has_confidence_head:
+        where = f": {f.confidence_head_detail}" if f.confidence_head_detail else ""
         out.append(
-            "the DSpark draft has no confidence head (enable_confidence_head), which per-request admission needs "
-            "(speculative/dspark_components/dspark_planner.py:137-147); use a draft trained with a confidence head"
+            f"the DSpark draft has no confidence head (enable_confidence_head{where}), which per-request admission "
+            "needs (upstream refuses to start without one: models/dspark.py:672-696, "
+            "speculative/dspark_components/dspark_planner.py:137-147); use a draft trained with a confidence head"
         )
     if f.pd_mode == "prefill":
         out.append(
@@ -362,6 +381,8 @@ def _blockers(f: EngineFacts) -> list[str]:
                 "NCCL hang; different tables: different graph tiers per rank); pass "
                 "--speculative-dspark-sps-table-path so every rank loads the same table"
             )
+    if f.attn_dp_size > 1 and not (f.sps_table_from_file or f.sps_probes_dp_attention):
+        out.append(f"{SPS_PROBES_DP_ATTENTION_SKIPPED}; pass --speculative-dspark-sps-table-path for compact")
     return out
 
 
@@ -531,6 +552,7 @@ def facts_from_server_args(
     gpu_sm: Optional[int] = None,
     sps_probes_tier_aligned: bool = PLUGIN_SPS_PROBES_TIER_ALIGNED,
     sps_profile_rank_consistent: bool = PLUGIN_SPS_PROFILE_RANK_CONSISTENT,
+    confidence_head_detail: str = "",
 ) -> EngineFacts:
     """EngineFacts from SGLang's resolving view (``resolving_view(server_args)``) inside ``_handle_dspark``.
 
@@ -602,6 +624,7 @@ def facts_from_server_args(
         sps_table_from_file=bool(_get(view, "speculative_dspark_sps_table_path")),
         sps_probes_tier_aligned=sps_probes_tier_aligned,
         sps_profile_rank_consistent=sps_profile_rank_consistent,
+        confidence_head_detail=confidence_head_detail,
     )
 
 
@@ -610,6 +633,7 @@ __all__ = [
     "BackendSupport",
     "COMPACT",
     "EngineFacts",
+    "SPS_PROBES_DP_ATTENTION_SKIPPED",
     "STATIC",
     "VERIFY_MODES",
     "VERIFY_MODE_ENV",

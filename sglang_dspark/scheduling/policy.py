@@ -10,7 +10,8 @@
 * ``off``        — verify only the anchor (speculation without draft tokens; for comparisons).
 
 Confidence scheduling runs in SGLang's ragged ("compact") verify mode; we select it unless the user set
-``SGLANG_RAGGED_VERIFY_MODE`` themselves or the draft has no confidence head (then verify-all, with one warning).
+``SGLANG_RAGGED_VERIFY_MODE`` themselves or the draft has no confidence head, wherever it comes from (then verify-all,
+with one warning; ``engine/draft_head.py`` reads it).
 """
 
 from __future__ import annotations
@@ -77,15 +78,21 @@ class AdmissionPolicy:
         return None
 
 
-def draft_has_confidence_head(draft_path: Optional[str]) -> bool:
-    """DeepSpec writes ``enable_confidence_head``; upstream only checks its presence, we read its value."""
+def confidence_head_enabled(draft_config: dict) -> bool:
+    """DeepSpec writes ``enable_confidence_head``; upstream builds a head in its ragged modes whatever the value (and
+    without the key), then needs its weights; we read the value, and no key means no head."""
+    return bool(draft_config.get("enable_confidence_head", False))
+
+
+def draft_has_confidence_head(draft_path: Optional[str]) -> Optional[bool]:
+    """A local draft folder's answer; None where there is no local ``config.json`` to read (a hub id: the engine
+    looks it up in the local Hugging Face cache, ``engine/draft_head.py``). None is falsy: no head, verify-all."""
     if not draft_path:
-        return False
+        return None
     config_file = Path(draft_path) / "config.json"
     if not config_file.is_file():
-        return True  # a hub id or bundled draft: let SGLang's own loader decide (it errors clearly if absent)
-    config = json.loads(config_file.read_text())
-    return bool(config.get("enable_confidence_head", False))
+        return None
+    return confidence_head_enabled(json.loads(config_file.read_text()))
 
 
 def verify_mode_for(policy: str, user_mode: Optional[str], has_confidence_head: bool) -> tuple[str, Optional[str]]:

@@ -18,6 +18,7 @@ import types
 import pytest
 
 from sglang_dspark.engine import ragged_self_check as rsc
+from sglang_dspark.engine.draft_head import DraftConfidenceHead
 
 PASSING_REPORT = {"ok": True, "checks": {"flag on after the patch": True},
                   "cases": [{"max_abs_err": 1e-6}, {"max_abs_err": 3e-6}],
@@ -195,7 +196,7 @@ def test_launcher_opens_compact_only_after_the_check(backend, passed, mode, patc
         return rsc.SelfCheckResult(name, passed, "fake verdict")
 
     monkeypatch.setattr(rsc, "self_check", fake_check)
-    monkeypatch.setattr(arg_resolution, "draft_has_confidence_head", lambda path: True)
+    monkeypatch.setattr(arg_resolution, "_draft_head", lambda view, path: DraftConfidenceHead(True, "a test draft"))
     monkeypatch.delenv("SGLANG_RAGGED_VERIFY_MODE", raising=False)
     monkeypatch.setenv(rsc.PATCHES_ENV, "stale")
     decision = arg_resolution._apply_verify_mode(_gpu_view(backend), "/draft", "async", None)
@@ -219,7 +220,7 @@ def test_launcher_skips_the_check_where_it_decides_nothing(view, policy, user_mo
     from sglang_dspark.engine import arg_resolution
 
     monkeypatch.setattr(rsc, "self_check", lambda *a: pytest.fail("self-check run where it decides nothing"))
-    monkeypatch.setattr(arg_resolution, "draft_has_confidence_head", lambda path: True)
+    monkeypatch.setattr(arg_resolution, "_draft_head", lambda view, path: DraftConfidenceHead(True, "a test draft"))
     monkeypatch.delenv("SGLANG_RAGGED_VERIFY_MODE", raising=False)
     arg_resolution._apply_verify_mode(view, "/draft", policy, user_mode)
     assert rsc.PATCHES_ENV not in os.environ

@@ -5,6 +5,8 @@ raises, so a recorder that syncs fails here. Copies and events are fakes that la
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -90,3 +92,105 @@ def test_confidence_of_another_batch_is_not_attributed():
         accept_lens=torch.tensor([1]), cap_lens=torch.tensor([2]), confidence=torch.ones(2, 3), default_verify_len=4
     )
     assert record.confidence is None and record.verify_lens == [2]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Device-agnostic events (issue #38, item 6): upstream DSPARK runs on CUDA, NPU and XPU
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RecordingEvent:
+    """A device module's Event: records how it was made and used; lands when the test says so."""
+
+    made: list = []
+
+    def __init__(self, enable_timing=False, device=None):
+        self.timing, self.device, self.recorded, self.done = enable_timing, device, 0, False
+        RecordingEvent.made.append(self)
+
+    def record(self, stream=None):
+        self.recorded += 1
+
+    def query(self):
+        return self.done
+
+    def elapsed_time(self, other):
+        return 7.0
+
+
+@pytest.fixture()
+def no_cuda_event(monkeypatch):
+    """A recorder that reaches for torch.cuda on a non-CUDA device fails here."""
+    RecordingEvent.made = []
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.cuda.Event used on a non-CUDA device")
+
+    monkeypatch.setattr(torch.cuda, "Event", refuse)
+
+
+def host_copy(tensor):
+    return tensor.clone()
+
+
+@pytest.mark.parametrize("device", ["npu:0", "xpu", "cuda:1"])
+def test_events_come_from_the_device_module(device, no_cuda_event):
+    asked = []
+    module = types.SimpleNamespace(Event=RecordingEvent)
+    recorder = StepRecorder(device, copy_to_host=host_copy, device_module_of=lambda t: asked.append(t) or module)
+    assert asked == [device.split(":")[0]] and not recorder.synchronous
+    probe = len(RecordingEvent.made)  # the start-up check made and recorded one
+    assert probe == 1 and RecordingEvent.made[0].recorded == 1
+    recorder.start()
+    assert recorder.finish(accept_lens=torch.tensor([2]), cap_lens=torch.tensor([3]), confidence=None,
+                           default_verify_len=8) == []
+    made = RecordingEvent.made[probe:]
+    assert [e.timing for e in made] == [True, True, False]  # step start, step end, copies landed
+    assert all(e.recorded == 1 for e in made)
+    for event in made:
+        event.done = True
+    recorder.start()
+    (record,) = recorder.finish(accept_lens=torch.tensor([1]), cap_lens=None, confidence=None, default_verify_len=8)
+    assert record.commit_lens == [2] and record.verify_lens == [3] and record.seconds == pytest.approx(0.007)
+
+
+def test_a_module_without_event_falls_back_to_torch_event(monkeypatch, no_cuda_event):
+    monkeypatch.setattr(torch, "Event", RecordingEvent)
+    recorder = StepRecorder("xpu:0", copy_to_host=host_copy, device_module_of=lambda t: types.SimpleNamespace())
+    assert not recorder.synchronous
+    recorder.start()
+    recorder.finish(accept_lens=torch.tensor([1]), cap_lens=None, confidence=None, default_verify_len=8)
+    assert RecordingEvent.made and all(e.device == torch.device("xpu:0") for e in RecordingEvent.made)
+
+
+def test_no_usable_event_reads_the_step_at_once(monkeypatch, no_cuda_event, caplog):
+    class Refused:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("event not supported on this device")
+
+    monkeypatch.setattr(torch, "Event", Refused)
+    ticks = iter([2.0, 2.5])
+    with caplog.at_level("WARNING", logger="sglang_dspark.engine.step_record"):
+        recorder = StepRecorder("npu:0", clock=lambda: next(ticks),
+                                device_module_of=lambda t: types.SimpleNamespace(Event=Refused))
+    assert recorder.synchronous
+    assert sum("no usable device events" in r.getMessage() for r in caplog.records) == 1
+    recorder.start()
+    (record,) = recorder.finish(accept_lens=torch.tensor([2, 1]), cap_lens=torch.tensor([3, 2]), confidence=None,
+                                default_verify_len=8)
+    assert record.commit_lens == [2, 1] and record.verify_lens == [3, 2] and record.seconds == pytest.approx(0.5)
+
+
+def test_an_event_without_timing_still_gives_the_lengths(no_cuda_event):
+    class NoTiming(RecordingEvent):
+        def elapsed_time(self, other):
+            raise RuntimeError("timing not enabled")
+
+    recorder = StepRecorder("npu", copy_to_host=host_copy, device_module_of=lambda t: types.SimpleNamespace(
+        Event=NoTiming))
+    recorder.start()
+    recorder.finish(accept_lens=torch.tensor([4]), cap_lens=None, confidence=None, default_verify_len=8)
+    for event in RecordingEvent.made:
+        event.done = True
+    (record,) = recorder.finish(accept_lens=torch.tensor([1]), cap_lens=None, confidence=None, default_verify_len=8)
+    assert record.commit_lens == [4] and record.seconds is None

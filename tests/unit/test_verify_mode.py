@@ -110,6 +110,9 @@ DECISION_TABLE = [
      "DeepSeek-V4.1"),
     ("no-confidence-head", gpu_facts("fa3", H100, has_confidence_head=False), STATIC, "verify-all",
      "confidence head"),
+    ("no-confidence-head-hub-draft", gpu_facts("fa3", H100, has_confidence_head=False, confidence_head_detail=(
+        "enable_confidence_head=false in org/draft in the local Hugging Face cache")), STATIC, "verify-all",
+     "org/draft in the local Hugging Face cache"),
     ("verify-all-policy", gpu_facts("fa3", H100, policy="verify-all"), STATIC, "verify-all", "verify-all"),
     ("user-static", gpu_facts("fa3", H100, user_mode="static"), STATIC, "verify-all", "set by the user"),
     ("user-compact-safe", gpu_facts("fa3", H100, user_mode="compact"), COMPACT, "async", "set by the user"),
@@ -122,7 +125,15 @@ DECISION_TABLE = [
     ("dp-attention-prefill-coordination", gpu_facts("fa3", H100, tp_size=4, attn_dp_size=4,
                                                     dp_spec_prefill_coordination=True), STATIC, "verify-all",
      "coordination"),
-    ("dp-attention-plain", gpu_facts("fa3", H100, tp_size=4, attn_dp_size=4), COMPACT, "async", "fa3"),
+    # Issue #38: the start-up probes build no DP-attention batch; they are skipped, so compact needs a table file.
+    ("dp-attention-plain", gpu_facts("fa3", H100, tp_size=4, attn_dp_size=4), STATIC, "verify-all",
+     "with DP attention the plugin's start-up SPS probes"),
+    ("dp-attention-eager", gpu_facts("fa3", H100, graph=False, tp_size=4, attn_dp_size=4), STATIC, "verify-all",
+     "--speculative-dspark-sps-table-path for compact"),
+    ("dp-attention-table-file", gpu_facts("fa3", H100, tp_size=4, attn_dp_size=4, sps_table_from_file=True),
+     COMPACT, "async", "fa3"),
+    ("dp-attention-probes-fixed", gpu_facts("fa3", H100, tp_size=4, attn_dp_size=4, sps_probes_dp_attention=True),
+     COMPACT, "async", "fa3"),
     ("dcp", gpu_facts("fa3", H100, dcp_size=2), STATIC, "verify-all", "dcp"),
     ("tbo-graphs", gpu_facts("fa3", H100, enable_two_batch_overlap=True), STATIC, "verify-all", "two-batch-overlap"),
     ("lora-graphs", gpu_facts("fa3", H100, lora_enabled=True), STATIC, "verify-all", "LoRA"),
@@ -180,6 +191,8 @@ def test_downgrade_flag_and_blockers():
     (gpu_facts("fa3", H100, user_mode="compact", pd_mode="decode", is_deepseek_v4=True), ["DeepSeek-V4.1"]),
     (gpu_facts("fa3", H100, user_mode="compact", tp_size=2, sps_profile_rank_consistent=False),
      ["--speculative-dspark-sps-table-path"]),
+    (gpu_facts("fa3", H100, user_mode="compact", tp_size=4, attn_dp_size=4),
+     ["DP attention", "--speculative-dspark-sps-table-path"]),
 ])
 def test_user_forced_compact_on_unsafe_configuration_is_refused(facts, needles):
     with pytest.raises(ValueError) as info:
@@ -257,6 +270,7 @@ facts_strategy = st.builds(
     has_confidence_head=st.booleans(),
     user_mode=st.sampled_from([None, "static", "compact", "cap-accept"]),
     tp_size=st.sampled_from([1, 2, 8]),
+    attn_dp_size=st.sampled_from([1, 1, 4]),
     pd_mode=st.sampled_from(["null", "prefill", "decode"]),
     gpu_sm=st.sampled_from([None, 80, 86, 89, 90, 100, 103, 120]),
     enable_two_batch_overlap=st.booleans(),
@@ -284,6 +298,8 @@ def test_no_combination_yields_compact_where_the_backend_cannot_run_it(facts):
             assert facts.sps_table_from_file or facts.sps_probes_tier_aligned
         if facts.tp_size > 1:
             assert facts.sps_table_from_file or facts.sps_profile_rank_consistent
+        if facts.attn_dp_size > 1:
+            assert facts.sps_table_from_file  # the probes are skipped under DP attention (issue #38)
     else:
         assert decision.admission_policy == "verify-all"
     if facts.user_mode == "static":
@@ -506,6 +522,23 @@ def test_explain_gamma_and_policy(draft, clean_env, monkeypatch):
     assert headless["verify_mode"] == "static" and "confidence head" in headless["reason"]
     monkeypatch.setenv("SGLANG_DSPARK_ADMISSION", "verify-all")
     assert explain(_argv(draft(), "--disable-cuda-graph"), None, "A100")["verify_mode"] == "static"
+
+
+def test_explain_dp_attention_skips_the_probes(draft, clean_env):
+    from sglang_dspark.engine.explain import explain
+
+    dp = ("--tp-size", "4", "--attn-dp-size", "4", "--enable-dp-lm-head")
+    skipped = explain(_argv(draft(), *dp), None, "H100")
+    assert (skipped["verify_mode"], skipped["admission_policy"], skipped["sps_probe_shapes"]) == (
+        "static", "verify-all", [])
+    assert skipped["sps_profiling"].startswith("probes skipped: DP attention")
+    assert "--speculative-dspark-sps-table-path" in skipped["reason"]
+    table = explain(_argv(draft(), *dp, "--speculative-dspark-sps-table-path", "/t.json"), None, "H100")
+    assert table["verify_mode"] == "compact" and table["sps_profiling"].startswith("no probes: the table from")
+    plain = explain(_argv(draft()), None, "H100")
+    assert plain["sps_profiling"].startswith("probes at start-up") and plain["confidence_head"].startswith("yes: ")
+    headless = explain(_argv(draft(head=False)), None, "H100")
+    assert headless["sps_profiling"].startswith("no probes: static") and headless["confidence_head"].startswith("no ")
 
 
 def test_explain_refuses_user_forced_compact_on_flashinfer_graphs_without_self_check(draft, clean_env, monkeypatch):

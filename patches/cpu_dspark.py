@@ -122,7 +122,7 @@ def markov_step_on_cpu(original, cls, **kwargs):
     Upstream's torch path (the CPU's) draws Philox4x32-10 Gumbel noise over the whole vocabulary for every row and
     every slot whenever the step logits are kept, greedy rows included (``has_sampled_rows=None``: a CUDA graph
     cannot read the temperatures on the host). Philox written as int64 torch ops costs many passes over the vocab;
-    on small models it is a large share of a whole DSPARK decode step (README: On a CPU). On the CPU there is no
+    on small models it is a large share of a whole DSPARK decode step (docs/cpu.md). On the CPU there is no
     graph and the host read is free, so:
 
     * all rows greedy: no noise (a greedy row's key is its logit whatever the noise, so the tokens are upstream's);

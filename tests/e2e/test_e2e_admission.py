@@ -27,13 +27,13 @@ def digest(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_default_async_policy_profiles_sps_and_schedules(tiny_pair, launch, nospec_reference):
+def test_default_async_policy_profiles_sps_and_schedules(tiny_pair, shared_server, nospec_reference):
     """No flags beyond DSPARK: SPS profiled at start-up, per-request ragged admission, observability filled."""
-    with launch(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir)) as server:
-        results = generate_all(server, PROMPTS, GREEDY, concurrency=8)
-        info = admission_info(server)
-        log = server.log_text()
-        startup = server.startup_seconds
+    server = shared_server(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir))
+    results = generate_all(server, PROMPTS, GREEDY, concurrency=8)
+    info = admission_info(server)
+    log = server.log_text()
+    startup = server.startup_seconds
     assert_same_ids([r["output_ids"] for r in results], nospec_reference["bs8"], "async, 8 concurrent")
     assert info["policy"] == "async"
     assert info["sps"]["source"] in ("profiled", "cache")
@@ -54,6 +54,7 @@ def test_default_async_policy_profiles_sps_and_schedules(tiny_pair, launch, nosp
 
 @pytest.mark.parametrize("policy", ["exact", "verify-all", "off"])
 def test_every_policy_is_lossless(policy, tiny_pair, launch, nospec_reference, private_cache):
+    # A private server: the "exact" case checks which SPS tables its own start-up found in the cache.
     env = {"SGLANG_DSPARK_ADMISSION": policy}
     # A table profiled while the machine was busy is not cached (profiler/table_trust.py), and earlier servers of this
     # session may have cached tables for other engine settings: which tables exist decides what the log must say.

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from sglang_dspark.loadtest.engine import admission_delta
 from sglang_dspark.testing.helpers import GREEDY, PROMPTS, assert_same_ids, dspark_args, generate_all
 
 pytestmark = pytest.mark.server
@@ -23,54 +24,66 @@ def admission_info(server) -> dict:
     return server.get("/server_info").json()["internal_states"][0]["dspark_admission"]
 
 
+def _delta(after: dict, before: dict, *path: str):
+    """A lifetime counter's growth between two snapshots (the server is shared: other tests' traffic came before)."""
+    for key in path:
+        after, before = after[key], before[key]
+    return after - before
+
+
 @pytest.mark.parametrize("mode", ["pause", "alternate", "off"])
-def test_forced_pausing_is_exact(mode, tiny_pair, launch, nospec_reference):
+def test_forced_pausing_is_exact(mode, tiny_pair, shared_server, nospec_reference):
     env = {"SGLANG_DSPARK_DRAFT_GATE": mode}
-    with launch(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), env=env) as server:
-        bs1 = generate_all(server, PROMPTS, GREEDY, concurrency=1)
-        bs8 = generate_all(server, PROMPTS, GREEDY, concurrency=8)
-        info = admission_info(server)
-        # Sampled requests (temperature, top-k, top-p; a greedy one in the same batch) take the same paths; their
-        # law is checked in tests/unit/test_anchor_only_verify.py, here that they are served.
-        jobs = [(prompt, SAMPLED_MIX if i % 4 else GREEDY) for i, prompt in enumerate(PROMPTS[:8])]
-        with ThreadPoolExecutor(8) as pool:
-            mixed = list(pool.map(lambda job: server.generate(job[0], dict(job[1])), jobs))
-        after = admission_info(server)
-        log = server.log_text()
+    server = shared_server(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), env=env)
+    start = admission_info(server)
+    bs1 = generate_all(server, PROMPTS, GREEDY, concurrency=1)
+    bs8 = generate_all(server, PROMPTS, GREEDY, concurrency=8)
+    info = admission_info(server)
+    # Sampled requests (temperature, top-k, top-p; a greedy one in the same batch) take the same paths; their
+    # law is checked in tests/unit/test_anchor_only_verify.py, here that they are served.
+    jobs = [(prompt, SAMPLED_MIX if i % 4 else GREEDY) for i, prompt in enumerate(PROMPTS[:8])]
+    with ThreadPoolExecutor(8) as pool:
+        mixed = list(pool.map(lambda job: server.generate(job[0], dict(job[1])), jobs))
+    after = admission_info(server)
+    log = server.log_text()
     assert all(len(r["output_ids"]) == GREEDY["max_new_tokens"] for r in mixed)
     assert_same_ids([r["output_ids"] for r in bs1], nospec_reference["bs1"], f"draft gate {mode}, bs1")
     assert_same_ids([r["output_ids"] for r in bs8], nospec_reference["bs8"], f"draft gate {mode}, 8 concurrent")
-    assert info["steps"] > 0
+    steps, drafted = _delta(info, start, "steps"), _delta(info, start, "drafted_steps")
+    assert steps > 0
     if mode == "off":
-        assert info["drafted_step_share"] == 1.0 and info["draft_gate"] is None
+        assert drafted == steps and info["draft_gate"] is None
         assert "draft gate: off" in log
         return
     gate = info["draft_gate"]
-    assert gate["mode"] == mode and gate["decisions"] == info["steps"]
+    assert gate["mode"] == mode and _delta(info, start, "draft_gate", "decisions") == steps
     if mode == "pause":
         # Not one draft block after the prefills: every decode step was a plain anchor-only step.
-        assert info["drafted_steps"] == 0 and info["drafted_step_share"] == 0.0
-        assert info["admitted_len_histogram"][0] > 0 and sum(info["admitted_len_histogram"][1:]) == 0
-        assert info["mean_accept_len"] == 1.0
+        assert drafted == 0
+        window = admission_delta(start, info)
+        assert window["admitted_len_histogram"][0] > 0 and sum(window["admitted_len_histogram"][1:]) == 0
+        assert window["mean_accept_len"] == 1.0
     else:
-        assert 0.45 <= info["drafted_step_share"] <= 0.55
+        assert 0.45 <= drafted / steps <= 0.55
         # Both kinds of step were timed: the draft block's cost is known per request-count bucket.
         assert gate["draft_ms"]
     # Nothing reads the strided logits: every skipped step kept its verify at one logits row per request, greedy
     # and sampled alike.
-    assert gate["compact_anchor_steps"] == info["steps"] - info["drafted_steps"] > 0
-    skipped_after = after["steps"] - after["drafted_steps"]
-    assert after["draft_gate"]["compact_anchor_steps"] == skipped_after > info["steps"] - info["drafted_steps"]
+    skipped = steps - drafted
+    assert _delta(info, start, "draft_gate", "compact_anchor_steps") == skipped > 0
+    skipped_after = _delta(after, start, "steps") - _delta(after, start, "drafted_steps")
+    assert _delta(after, start, "draft_gate", "compact_anchor_steps") == skipped_after > skipped
     # On the CPU (eager target) each of them ran as SGLang's own decode step plus the draft-KV injection, held for
     # one batched write (SGLANG_DSPARK_PAUSE_KV=batched, the default): every skipped step's rows, written before the
     # next prefill or drafted step.
-    assert after["draft_gate"]["plain_decode_steps"] == skipped_after
-    pause_kv = after["draft_gate"]["pause_kv"]
-    assert pause_kv["deferred_tokens"] >= skipped_after and pause_kv["flushes"] >= 1
+    assert _delta(after, start, "draft_gate", "plain_decode_steps") == skipped_after
+    assert _delta(after, start, "draft_gate", "pause_kv", "deferred_tokens") >= skipped_after
+    assert _delta(after, start, "draft_gate", "pause_kv", "flushes") >= 1
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])
 def test_drafting_comes_back_after_a_pause(overlap, tiny_pair, launch, nospec_reference):
+    # A private server: the comeback cost model counts decode steps from the server's start.
     """``comeback``: a test cost model under which drafting loses for the first 48 decode steps (the gate pauses,
     probing now and then) and then is free. The gate must leave the pause on its own and draft again. Both
     scheduler paths: overlap (the gate decides with the budget, from the confidence relay) and synchronous (from the

@@ -17,23 +17,22 @@ pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
-def our_dspark(tiny_pair, launch, nospec_reference):
-    """Our DSPARK worker: greedy bs1 and 8-concurrent, plus sampled and chat runs, on one server."""
-    with launch(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir)) as server:
-        results = {
-            "bs1": generate_all(server, PROMPTS, GREEDY, concurrency=1),
-            "bs8": generate_all(server, PROMPTS, GREEDY, concurrency=8),
-            "sampled": generate_all(
-                server, PROMPTS[:8], {"max_new_tokens": 48, "temperature": 0.8, "top_p": 0.9}, concurrency=4
-            ),
-            "chat": chat(server, [{"role": "user", "content": "def add(a, b):"}], max_tokens=24, temperature=0),
-            "chat_stream": chat(
-                server, [{"role": "user", "content": "class Stack:"}], stream=True, max_tokens=24, temperature=0
-            ),
-            "log": None,
-        }
-        results["log"] = server.log_text()
-        yield results
+def our_dspark(tiny_pair, shared_server, nospec_reference):
+    """Our DSPARK worker (the session's default DSPARK server): greedy bs1 and 8-concurrent, sampled and chat runs."""
+    server = shared_server(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir))
+    results = {
+        "bs1": generate_all(server, PROMPTS, GREEDY, concurrency=1),
+        "bs8": generate_all(server, PROMPTS, GREEDY, concurrency=8),
+        "sampled": generate_all(
+            server, PROMPTS[:8], {"max_new_tokens": 48, "temperature": 0.8, "top_p": 0.9}, concurrency=4
+        ),
+        "chat": chat(server, [{"role": "user", "content": "def add(a, b):"}], max_tokens=24, temperature=0),
+        "chat_stream": chat(
+            server, [{"role": "user", "content": "class Stack:"}], stream=True, max_tokens=24, temperature=0
+        ),
+    }
+    results["log"] = server.log_text()
+    return results
 
 
 def test_greedy_identical_to_nospec_batch_of_one(our_dspark, nospec_reference):
@@ -58,14 +57,14 @@ def _running_request_limit(log: str) -> int:
     return int(re.search(r"max_running_requests=(\d+)", log).group(1))
 
 
-def test_cpu_dspark_takes_as_many_users_as_nospec(our_dspark, tiny_pair, launch):
+def test_cpu_dspark_takes_as_many_users_as_nospec(our_dspark, tiny_pair, shared_server):
     """Upstream caps speculative servers at 48 running requests (a GPU graph default); on the CPU ours keeps
     SGLang's own limit (patches/cpu_dspark.py B1b), and an explicit --max-running-requests still wins."""
     assert _running_request_limit(our_dspark["log"]) > 48
     assert "keeps SGLang's own max running requests" in our_dspark["log"]
-    with launch(tiny_pair.target_dir, [*dspark_args(tiny_pair.draft_dir), "--max-running-requests", "6"]) as server:
-        out = generate_all(server, PROMPTS[:8], GREEDY, concurrency=8)
-        log = server.log_text()
+    server = shared_server(tiny_pair.target_dir, [*dspark_args(tiny_pair.draft_dir), "--max-running-requests", "6"])
+    out = generate_all(server, PROMPTS[:8], GREEDY, concurrency=8)
+    log = server.log_text()
     assert _running_request_limit(log) == 6 and len(out) == 8
 
 
@@ -86,7 +85,7 @@ def test_openai_chat_and_streaming(our_dspark):
 
 
 @pytest.mark.parametrize("mode", ["static", "compact"])
-def test_upstream_worker_serves_on_cpu(mode, tiny_pair, launch, nospec_reference, tmp_path):
+def test_upstream_worker_serves_on_cpu(mode, tiny_pair, shared_server, nospec_reference, tmp_path):
     """Upstream's DSparkWorkerV2 (our subclass switched off) serves through our CPU platform, for side-by-side use.
 
     compact runs with a steep SPS table so that verify windows really are ragged (per-request lengths)."""
@@ -94,10 +93,10 @@ def test_upstream_worker_serves_on_cpu(mode, tiny_pair, launch, nospec_reference
     args = dspark_args(tiny_pair.draft_dir)
     if mode == "compact":
         args += ["--speculative-dspark-sps-table-path", str(steep_sps_table(tmp_path / "sps.json"))]
-    with launch(tiny_pair.target_dir, args, env=env) as server:
-        results = generate_all(server, PROMPTS, GREEDY, concurrency=1)
-        concurrent_results = generate_all(server, PROMPTS, GREEDY, concurrency=8)
-        log = server.log_text()
+    server = shared_server(tiny_pair.target_dir, args, env=env)
+    results = generate_all(server, PROMPTS, GREEDY, concurrency=1)
+    concurrent_results = generate_all(server, PROMPTS, GREEDY, concurrency=8)
+    log = server.log_text()
     assert_same_ids([r["output_ids"] for r in results], nospec_reference["bs1"], f"upstream {mode}")
     assert_same_ids(
         [r["output_ids"] for r in concurrent_results], nospec_reference["bs8"], f"upstream {mode} 8 concurrent"
@@ -112,13 +111,11 @@ def test_upstream_worker_serves_on_cpu(mode, tiny_pair, launch, nospec_reference
 
 
 @pytest.mark.parametrize("worker", ["ours", "upstream"])
-def test_dtype_auto_with_a_draft_saved_in_another_dtype(worker, tiny_pair, server_logs, tmp_path):
+def test_dtype_auto_with_a_draft_saved_in_another_dtype(worker, tiny_pair, launch, tmp_path):
     """No --dtype: SGLang's "auto" runs the fp32 target in float16 and would load a draft whose config says bfloat16
     in bfloat16; the first prefill then crashed the server in the draft-KV injection. The draft follows the target."""
     import json
     import shutil
-
-    from sglang_dspark.testing.server import start_server
 
     draft = tmp_path / "bf16-draft"
     shutil.copytree(tiny_pair.draft_dir, draft)
@@ -126,13 +123,10 @@ def test_dtype_auto_with_a_draft_saved_in_another_dtype(worker, tiny_pair, serve
     config.update(torch_dtype="bfloat16", dtype="bfloat16")
     (draft / "config.json").write_text(json.dumps(config))
     env = {"SGLANG_DSPARK_WORKER": "upstream"} if worker == "upstream" else None
-    server = start_server(tiny_pair.target_dir, dspark_args(draft), env=env, log_dir=server_logs)
-    try:
+    with launch(tiny_pair.target_dir, dspark_args(draft), env=env, fp32=False) as server:  # private: its own draft
         results = generate_all(server, PROMPTS[:4], GREEDY, concurrency=2)
         log = server.log_text()
         alive = server.get("/health").status_code == 200
-    finally:
-        server.stop()
     assert alive
     assert all(len(r["output_ids"]) == GREEDY["max_new_tokens"] for r in results)
     assert all(r["meta_info"]["spec_verify_ct"] > 0 for r in results)

@@ -1,6 +1,6 @@
 """No request can take the server down (issue #15): the whole fuzz corpus against real servers.
 
-One no-spec server and one DSPARK server (the tiny pair), each sent every case of
+The session's no-spec server and its default DSPARK server (the tiny pair), each sent every case of
 ``sglang_dspark.testing.fuzz_corpus`` in turn. After every request the scheduler must not have crashed (its log),
 the process must run and answer ``/ping``, with a real ``/health`` generation every 20 cases and at the end; every
 answer is a 2xx, or a 4xx with a message; the inputs the input guard owns (the reported crashers among them) get a
@@ -21,25 +21,26 @@ pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module", params=["nospec", "dspark"])
-def fuzzed(request, tiny_pair, launch):
-    """One server per mode, the whole corpus sent to it; yields (results, log text, seconds, generation after)."""
+def fuzzed(request, tiny_pair, shared_server):
+    """The session's no-spec or default DSPARK server, the whole corpus sent to it; returns (results, log text,
+    seconds, generation after). Shared: a corpus that left a server broken also fails the tests that use it later."""
     args = dspark_args(tiny_pair.draft_dir) if request.param == "dspark" else []
     cases = fc.build_corpus(tiny_pair.vocab_size)
     # A generous start timeout: a loaded CI machine may take minutes to start the DSPARK server after the first one.
-    with launch(tiny_pair.target_dir, args, timeout=480) as server:
-        started = time.monotonic()
-        # /health generates (>= 1 s each on SGLang 0.5.23): after every 20th case and the last; /ping after the others.
-        results = fc.run_corpus(server, cases, health_every=20)
-        seconds = time.monotonic() - started
-        generation_after = fc.generation_works(server.url)
-        yield {
-            "mode": request.param,
-            "results": results,
-            "cases": cases,
-            "log": server.log_text(),
-            "seconds": seconds,
-            "generation_after": generation_after,
-        }
+    server = shared_server(tiny_pair.target_dir, args, timeout=480)
+    started = time.monotonic()
+    # /health generates (>= 1 s each on SGLang 0.5.23): after every 20th case and the last; /ping after the others.
+    results = fc.run_corpus(server, cases, health_every=20)
+    seconds = time.monotonic() - started
+    generation_after = fc.generation_works(server.url)
+    return {
+        "mode": request.param,
+        "results": results,
+        "cases": cases,
+        "log": server.log_text(),
+        "seconds": seconds,
+        "generation_after": generation_after,
+    }
 
 
 def _report(results) -> str:

@@ -17,16 +17,16 @@ from sglang_dspark.testing.helpers import dspark_args
 pytestmark = pytest.mark.server
 
 
-def test_short_sweep_against_a_tiny_dspark_server(tiny_pair, launch, tmp_path):
-    with launch(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir)) as server:
-        started = time.monotonic()
-        rc = runner.main([
-            "--url", server.url, "--label", "DSPARK tiny", "--concurrency", "1", "2", "--prompts-per-level", "4",
-            "--max-tokens", "16", "--request-timeout", "60", "--level-timeout", "80", "--output-dir", str(tmp_path),
-            "--quiet",
-        ])
-        seconds = time.monotonic() - started
-        log = server.log_text()
+def test_short_sweep_against_a_tiny_dspark_server(tiny_pair, shared_server, tmp_path):
+    server = shared_server(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir))
+    started = time.monotonic()
+    rc = runner.main([
+        "--url", server.url, "--label", "DSPARK tiny", "--concurrency", "1", "2", "--prompts-per-level", "4",
+        "--max-tokens", "16", "--request-timeout", "60", "--level-timeout", "80", "--output-dir", str(tmp_path),
+        "--quiet",
+    ])
+    seconds = time.monotonic() - started
+    log = server.log_text()
     assert rc == 0, log[-3000:]
     # Bounded: two levels of at most --level-timeout each (plus the snapshots), however slow the machine is.
     assert seconds < 2 * 80 + 30, f"the sweep took {seconds:.0f} s"

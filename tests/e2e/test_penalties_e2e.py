@@ -1,6 +1,6 @@
 """DSPARK with frequency/presence/repetition penalties returns no-spec's greedy ids, token for token (issue #15).
 
-Two real SGLang 0.5.23 servers on 127.0.0.1, one after the other, tiny fp32 pair, greedy:
+Real SGLang 0.5.23 servers on 127.0.0.1 (the session's shared ones), tiny fp32 pair, greedy:
 
 * the reference is no-spec with ``--disable-overlap-schedule``. SGLang's overlap scheduler feeds the penalizers
   before the previous step's token is processed (``ScheduleBatch.cumulate_penalty_output_tokens`` takes
@@ -84,34 +84,34 @@ def _serve(server, with_plain: bool):
 
 
 @pytest.fixture(scope="module")
-def nospec(tiny_pair, launch):
-    with launch(tiny_pair.target_dir, ["--disable-overlap-schedule"], timeout=START_TIMEOUT) as server:
-        return _serve(server, with_plain=True)
+def nospec(tiny_pair, shared_server):
+    server = shared_server(tiny_pair.target_dir, ["--disable-overlap-schedule"], timeout=START_TIMEOUT)
+    return _serve(server, with_plain=True)
 
 
 @pytest.fixture(scope="module")
-def dspark(tiny_pair, launch, nospec):  # requested after nospec: one server at a time
+def dspark(tiny_pair, shared_server, nospec):
     env = {"SGLANG_DSPARK_DRAFT_GATE": "off"}
-    with launch(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), env=env, timeout=START_TIMEOUT) as server:
-        return _serve(server, with_plain=False)
+    server = shared_server(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), env=env, timeout=START_TIMEOUT)
+    return _serve(server, with_plain=False)
 
 
 @pytest.fixture(scope="module")
-def dspark_paused(tiny_pair, launch, nospec):
+def dspark_paused(tiny_pair, shared_server, nospec):
     """The draft gate forced to skip every draft: plain anchor-only steps, which must apply the penalties too (they
     keep upstream's strided verify: the compact anchor-only step is for batches without logits adjustments)."""
     env = {"SGLANG_DSPARK_DRAFT_GATE": "pause"}
-    with launch(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), env=env, timeout=START_TIMEOUT) as server:
-        admission = lambda: server.get("/server_info").json()["internal_states"][0]["dspark_admission"]
-        before = admission()  # the launcher's warm-up request (no penalty) ran already
-        out = {"bs1": _run(server, JOBS_BS1, 1)}
-        after = admission()
-        out["steps"] = after["steps"] - before["steps"]
-        out["drafted_steps"] = after["drafted_steps"] - before["drafted_steps"]
-        out["compact_anchor_steps"] = (
-            after["draft_gate"]["compact_anchor_steps"] - before["draft_gate"]["compact_anchor_steps"]
-        )
-        return out
+    server = shared_server(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), env=env, timeout=START_TIMEOUT)
+    admission = lambda: server.get("/server_info").json()["internal_states"][0]["dspark_admission"]  # noqa: E731
+    before = admission()  # earlier traffic (the launcher's warm-up request, other tests) ran already
+    out = {"bs1": _run(server, JOBS_BS1, 1)}
+    after = admission()
+    out["steps"] = after["steps"] - before["steps"]
+    out["drafted_steps"] = after["drafted_steps"] - before["drafted_steps"]
+    out["compact_anchor_steps"] = (
+        after["draft_gate"]["compact_anchor_steps"] - before["draft_gate"]["compact_anchor_steps"]
+    )
+    return out
 
 
 def _ids(results):

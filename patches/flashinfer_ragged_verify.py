@@ -44,10 +44,19 @@ carrying a layout; every other batch takes upstream's path):
 5. ``supports_ragged_verify_graph`` becomes a property: True only for the fa2 prefill backend, one wrapper (no
    sliding-window / cross-attention dispatch), no SWA pool (``fast_prefill_plan`` is fa2-only and single-wrapper).
 
-Also here: :func:`generate_attn_arg_prefill_device_only_layouts` fixes ``speculative/dflash_info.py:168-171``, where
-a device-only layout (``from_verify_lens_device``: ``total_verify_tokens is None``) makes ``paged_kernel_lens_sum +
-None`` a TypeError on the eager FlashInfer path (reachable whenever a compact graph batch falls back to eager):
-``graph_num_tokens`` (>= the real token count, so an over-allocation) stands in.
+Also here: :func:`generate_attn_arg_prefill_device_only_layouts`, the eager FlashInfer path of a device-only layout
+(``from_verify_lens_device``: ``total_verify_tokens is None``; reachable whenever a compact graph batch falls back to
+eager, e.g. a batch with ``replace_embeds``). Two faults there: ``speculative/dflash_info.py:168-171`` sizes
+``kv_indices`` as ``paged_kernel_lens_sum + None`` (TypeError); and such a batch carries q for the whole tier
+(``BuildRaggedVerifyWindow``: ``padded_total = layout.graph_num_tokens``, ``kernels/ops/speculative/dspark/
+dspark_verify_window.py:98``) while the layout's ``qo_indptr`` ends at the real token count, which FlashInfer's
+``run()`` refuses ("q.shape[0] ... does not match qo_indptr[-1]", ``FI:prefill.py:3440-3445`` in 0.7.2,
+``:4840-4845`` in 0.7.4). The fix hands upstream the layout's full-coverage padding to its own size
+(``padded_to_bucket(padded_bs=R)``: SGLang's PaddedToBucket, the leftover rows on the last request, exactly as a
+graph replay with R == S slots does): ``qo_indptr[-1]`` is then the tier, q's row count, and ``total_verify_tokens``
+the tier. The real rows attend exactly as before: causal attention is bottom-right aligned, so row i of a request
+sees ``kv <= prefix + i`` however many padding rows follow it; the padding rows' outputs are never read
+(``ScatterCompactToStrided`` reads the live rows only).
 """
 
 from __future__ import annotations
@@ -380,17 +389,32 @@ def init_forward_metadata_out_graph_with_ragged_verify(original, self, forward_b
     return None
 
 
+def full_coverage_layout(layout: Any):
+    """A device-only layout of R requests padded to cover its whole tier with R rows (module docstring): SGLang's
+    ``padded_to_bucket(padded_bs=R)``, whose ``qo_indptr`` ends at ``graph_num_tokens`` and whose
+    ``total_verify_tokens`` is ``graph_num_tokens``."""
+    return layout.padded_to_bucket(padded_bs=layout.bs)
+
+
 def generate_attn_arg_prefill_device_only_layouts(original, self, *args, **kwargs):
-    """``speculative/dflash_info.py:168-171``: a device-only layout has ``total_verify_tokens=None`` and the eager
-    allocation ``paged_kernel_lens_sum + kv_indices_extra`` raises TypeError; size it with ``graph_num_tokens``."""
+    """The eager packing of a device-only layout (module docstring). FlashInfer's MHA backend (the only caller that
+    passes ``kind``: ``layers/attention/flashinfer_backend.py:2270-2293``) gets upstream's ``generate_attn_arg_prefill``
+    on :func:`full_coverage_layout`, so that ``kv_indices`` has a size (``dflash_info.py:168-171``) and ``qo_indptr``
+    covers the tier's rows that q carries (FlashInfer's ``run()`` check). The other callers (FlashInfer MLA
+    ``flashinfer_mla_backend.py:1099-1118``, aiter) keep their layout with only the allocation sized by
+    ``graph_num_tokens`` (an over-allocation). Host layouts (their q has exactly the live rows), graph replays
+    (already padded: ``total_verify_tokens`` set) and the fast-plan ``kv_indices_buf`` path keep upstream's path."""
     layout = getattr(self, "ragged_verify_layout", None)
     rpi = kwargs.get("req_pool_indices", args[0] if args else None)
     if (layout is None or layout.total_verify_tokens is not None or kwargs.get("kv_indices_buf") is not None
             or rpi is None or int(rpi.numel()) != layout.bs):
         return original(self, *args, **kwargs)
-    import msgspec
+    if "kind" in kwargs:
+        self.ragged_verify_layout = full_coverage_layout(layout)
+    else:
+        import msgspec
 
-    self.ragged_verify_layout = msgspec.structs.replace(layout, total_verify_tokens=int(layout.graph_num_tokens))
+        self.ragged_verify_layout = msgspec.structs.replace(layout, total_verify_tokens=int(layout.graph_num_tokens))
     try:
         return original(self, *args, **kwargs)
     finally:
@@ -398,8 +422,8 @@ def generate_attn_arg_prefill_device_only_layouts(original, self, *args, **kwarg
 
 
 def install_device_only_layout_fix() -> None:
-    """Register only the dflash_info fix (once per process; safe on every backend: it changes nothing but a None
-    allocation size)."""
+    """Register only the device-only layout fix (once per process; on every backend: it acts only on a device-only
+    layout in eager mode, where upstream raises)."""
     global _fix_installed
     if _fix_installed:
         return
@@ -441,6 +465,7 @@ __all__ = [
     "VerifyHostPlan",
     "apply",
     "build_verify_host_plan",
+    "full_coverage_layout",
     "generate_attn_arg_prefill_device_only_layouts",
     "host_lengths",
     "init_forward_metadata_out_graph_with_ragged_verify",

@@ -44,7 +44,8 @@ def register() -> None:
 
     spec_length_headroom.install()
 
-    # dflash_info's eager FlashInfer packing breaks on a device-only ragged layout (TypeError): fixed everywhere.
+    # dflash_info's eager FlashInfer packing breaks on a device-only ragged layout (a TypeError, then FlashInfer's
+    # q-rows check): fixed everywhere.
     from sglang_dspark.engine.ragged_self_check import patched_backends
     from sglang_dspark.patches import flashinfer_ragged_verify
 

@@ -51,6 +51,37 @@ def hf_cache_config_file(repo_id: str, revision: Optional[str]) -> Optional[str]
     return found if isinstance(found, str) else None  # None, or _CACHED_NO_EXIST: the repo has no config.json
 
 
+def read_local_config(
+    model_path: Optional[str],
+    revision: Optional[str] = None,
+    *,
+    hub_config_file: Optional[Callable[[str, Optional[str]], Optional[str]]] = None,
+) -> tuple[Optional[dict], str]:
+    """(``config.json`` as a dict, where it was read) of a local model folder or of a hub id in the local Hugging Face
+    cache; (None, why not) otherwise. Never downloads anything (the target's model facts read it too:
+    ``engine/verify_mode.py`` ``read_target_attention``)."""
+    if not model_path:
+        return None, "no model path"
+    model_path = str(model_path)
+    local = Path(model_path) / "config.json"
+    if local.is_file():
+        config_file, where = str(local), str(local)
+    elif os.path.isdir(model_path):
+        return None, f"the folder {model_path} has no config.json"
+    else:
+        config_file = (hub_config_file or hf_cache_config_file)(model_path, revision)
+        if config_file is None:
+            return None, f"hub id {model_path} is not in the local Hugging Face cache (nothing is downloaded to check)"
+        where = f"{model_path} in the local Hugging Face cache"
+    try:
+        config = json.loads(Path(config_file).read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"{where} could not be read ({exc})"
+    if not isinstance(config, dict):
+        return None, f"{where} is not a JSON object"
+    return config, where
+
+
 def read_draft_confidence_head(
     draft_path: Optional[str],
     revision: Optional[str] = None,
@@ -60,26 +91,15 @@ def read_draft_confidence_head(
     """The draft's confidence head as its config says (see the module docstring); never downloads anything."""
     if not draft_path:
         return DraftConfidenceHead(None, "no draft path yet (SGLang picks a bundled draft in its own resolution)")
-    draft_path = str(draft_path)
-    local = Path(draft_path) / "config.json"
-    if local.is_file():
-        config_file, where = str(local), str(local)
-    elif os.path.isdir(draft_path):
-        return DraftConfidenceHead(None, f"the draft folder {draft_path} has no config.json")
-    else:
-        config_file = hub_config_file(draft_path, revision)
-        if config_file is None:
-            return DraftConfidenceHead(
-                None, f"hub id {draft_path} is not in the local Hugging Face cache (nothing is downloaded to check)")
-        where = f"{draft_path} in the local Hugging Face cache"
-    try:
-        config = json.loads(Path(config_file).read_text())
-    except (OSError, ValueError) as exc:
-        return DraftConfidenceHead(None, f"{where} could not be read ({exc})")
+    config, where = read_local_config(draft_path, revision, hub_config_file=hub_config_file)
+    if config is None:
+        if os.path.isdir(str(draft_path)) and not (Path(str(draft_path)) / "config.json").is_file():
+            where = f"the draft folder {draft_path} has no config.json"
+        return DraftConfidenceHead(None, where)
     from sglang_dspark.scheduling.policy import confidence_head_enabled  # lazily: explain imports no torch
 
     present = confidence_head_enabled(config)
     return DraftConfidenceHead(present, f"enable_confidence_head={str(present).lower()} in {where}")
 
 
-__all__ = ["DraftConfidenceHead", "hf_cache_config_file", "read_draft_confidence_head"]
+__all__ = ["DraftConfidenceHead", "hf_cache_config_file", "read_draft_confidence_head", "read_local_config"]

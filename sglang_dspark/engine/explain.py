@@ -19,9 +19,16 @@ resolution steps the verify-mode decision depends on as small pure tables, each 
   (``pass`` by default, ``fail`` shows the fallback), and says so in ``ragged_self_check``.
 
 A local ``--model-path`` / ``--speculative-draft-model-path`` folder is read (config.json only) when present; hub ids
-are never fetched: a hub draft's config.json is read from the local Hugging Face cache when it is there
-(``engine/draft_head.py``, as the server reads it), else its confidence head is assumed present and
-``confidence_head`` says so (the server reads the config at start-up and runs verify-all without a head).
+are never fetched: a hub config.json is read from the local Hugging Face cache when it is there
+(``engine/draft_head.py``, as the server reads it), else the draft's confidence head is assumed present and
+``confidence_head`` says so (the server reads the config at start-up and runs verify-all without a head), and the
+target is assumed to have full attention only (``model_attention`` says so).
+
+Also shown: ``model_attention`` (sliding-window / chunked / cross-attention layers of the target, which keep
+FlashInfer CUDA graphs static: ``engine/verify_mode.py`` ``model_attention``), ``flashinfer`` (the flashinfer-python
+version the decision assumed: ``--flashinfer-version``, else the one installed here, else SGLang 0.5.23's pin) and
+``learned_state`` (whether step records may teach the verify budget: off wherever several ranks must agree on it,
+``engine/rank_learning.py``).
 """
 
 from __future__ import annotations
@@ -36,22 +43,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from sglang_dspark.engine.rank_learning import ParallelFacts, decide_rank_learning
 from sglang_dspark.engine.verify_mode import (
+    FLASHINFER_ABSENT,
+    FLASHINFER_PATCH_VERSIONS,
+    SGLANG_FLASHINFER_PIN,
     SPS_PROBES_DP_ATTENTION_SKIPPED,
     STATIC,
     VERIFY_MODE_ENV,
     EngineFacts,
+    backend_support,
     VerifyModeDecision,
     decide_verify_mode,
     decode_graph_backend,
     facts_from_server_args,
     hf_config_flags,
+    installed_flashinfer_version,
+    model_attention,
     needs_ragged_self_check,
     verify_attention_backend,
 )
 
 OUTPUT_KEYS = ("attention_backend", "cuda_graph", "verify_mode", "reason", "admission_policy", "gamma",
-               "sps_probe_shapes", "ragged_self_check", "confidence_head", "sps_profiling")
+               "sps_probe_shapes", "ragged_self_check", "confidence_head", "sps_profiling", "model_attention",
+               "flashinfer", "learned_state")
 SELF_CHECK_OUTCOMES = ("pass", "fail")
 DEFAULT_DSPARK_GAMMA = 7  # speculative/dspark_components/dspark_config.py:21
 DSPARK_DEFAULT_MAX_RUNNING_REQUESTS = 48  # arg_groups/speculative_hook.py:852-857
@@ -303,6 +318,29 @@ def confidence_head_note(present: Optional[bool], source: str) -> str:
     return f"{'yes' if present else 'no (verify-all)'}: {source}"
 
 
+def assumed_flashinfer_version(given: Optional[str] = None) -> tuple[str, str]:
+    """(version, where it comes from): ``given``, else the one installed here, else SGLang 0.5.23's pin."""
+    if given:
+        return given, "given"
+    installed = installed_flashinfer_version()
+    if installed != FLASHINFER_ABSENT:
+        return installed, "installed here"
+    return SGLANG_FLASHINFER_PIN, "SGLang 0.5.23's pin; not installed here"
+
+
+def flashinfer_note(facts: EngineFacts, where: str) -> str:
+    """What explain says about FlashInfer: only where the verify backend is flashinfer."""
+    if (facts.attention_backend or "") != "flashinfer" or facts.device != "cuda":
+        return f"not used (attention backend {facts.attention_backend})"
+    version = facts.flashinfer_version
+    supported = version in FLASHINFER_PATCH_VERSIONS
+    if not facts.cuda_graph or facts.use_mla:
+        return f"{version} ({where}); compact here runs SGLang's own FlashInfer path, not sglang-dspark's graph patch"
+    verdict = "supported by" if supported else "not supported by"
+    return (f"{version} ({where}): {verdict} sglang-dspark's flashinfer ragged-verify graph patch "
+            f"(supported: {', '.join(FLASHINFER_PATCH_VERSIONS)})")
+
+
 def sps_profiling_note(facts: EngineFacts, decision: VerifyModeDecision) -> str:
     """Whether the server would run its start-up SPS probes, and why not (pure)."""
     if facts.sps_table_from_file:
@@ -318,12 +356,14 @@ def sps_profiling_note(facts: EngineFacts, decision: VerifyModeDecision) -> str:
 
 def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Optional[str] = None, *,
             policy: Optional[str] = None, user_mode: Optional[str] = None,
-            probe_shapes: ProbeShapes = planned_probe_shapes, ragged_self_check: str = "pass") -> dict:
+            probe_shapes: ProbeShapes = planned_probe_shapes, ragged_self_check: str = "pass",
+            flashinfer_version: Optional[str] = None) -> dict:
     """What a DSPARK launch with ``argv`` would run (see the module docstring). Keys: ``OUTPUT_KEYS``.
 
     ``policy`` defaults to SGLANG_DSPARK_ADMISSION, ``user_mode`` to SGLANG_RAGGED_VERIFY_MODE; ``ragged_self_check``
-    (``pass`` / ``fail``) is the assumed outcome of the on-device self-check where the launch would run one. Raises
-    ValueError where the launch itself would be refused (e.g. a user-forced compact verify on an unsafe backend).
+    (``pass`` / ``fail``) is the assumed outcome of the on-device self-check where the launch would run one;
+    ``flashinfer_version`` the flashinfer-python on the GPU machine (default: installed here, else SGLang's pin).
+    Raises ValueError where the launch itself would be refused (e.g. a user-forced compact verify on an unsafe backend).
     """
     if ragged_self_check not in SELF_CHECK_OUTCOMES:
         raise ValueError(f"ragged_self_check must be one of {SELF_CHECK_OUTCOMES}, got {ragged_self_check!r}")
@@ -337,7 +377,12 @@ def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Op
     device = (assume_device or raw.device or ("cuda" if gpu is not None else "cpu")).split(":", 1)[0]
     if device != "cuda":
         gpu = None
-    target_config = _read_json(raw.model_path) or {}
+    from sglang_dspark.engine.draft_head import read_local_config
+
+    target_json, target_source = read_local_config(raw.model_path, getattr(raw, "revision", None))
+    target_config = target_json or {}
+    attention = model_attention(target_json, source=target_source)
+    flashinfer_version, flashinfer_where = assumed_flashinfer_version(flashinfer_version)
     flags = hf_config_flags(target_config)
     asymmetric_kv = (target_config.get("v_head_dim") is not None
                      and target_config.get("v_head_dim") != target_config.get("head_dim"))
@@ -361,8 +406,12 @@ def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Op
     view.__dict__.update(vars(backends))
     facts = facts_from_server_args(view, has_head, policy, user_mode, hf_config=target_config,
                                    use_mla=flags["use_mla"], gpu_sm=gpu.sm if gpu is not None else None,
-                                   confidence_head_detail=head.source)
+                                   confidence_head_detail=head.source, target_attention=attention,
+                                   flashinfer_version=flashinfer_version)
     self_check_note = "not needed"
+    if facts.device == "cuda" and backend_support(facts.attention_backend, use_mla=facts.use_mla).needs_self_check(
+            facts.cuda_graph):
+        self_check_note = "not run: this launch is static before it (see reason)"
     if needs_ragged_self_check(facts):
         passed = ragged_self_check == "pass"
         self_check_note = (f"runs at start-up on the GPU (our {facts.attention_backend} ragged-verify patch, once per "
@@ -389,7 +438,21 @@ def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Op
         "ragged_self_check": self_check_note,
         "confidence_head": confidence_head_note(head.present, head.source),
         "sps_profiling": sps_profiling_note(facts, decision),
+        "model_attention": attention.note(),
+        "flashinfer": flashinfer_note(facts, flashinfer_where),
+        "learned_state": learned_state_note(raw, facts, decision),
     }
+
+
+def learned_state_note(raw: Any, facts: EngineFacts, decision: VerifyModeDecision) -> str:
+    """Whether step records may teach anything that changes the verify budget (engine/rank_learning.py)."""
+    if decision.verify_mode == STATIC:
+        return "nothing learned: static verify has no verify budget"
+    learning = decide_rank_learning(ParallelFacts(tp_size=facts.tp_size, pp_size=int(getattr(raw, "pp_size", 1) or 1),
+                                                  attn_dp_enabled=facts.attn_dp_size > 1))
+    if learning.enabled:
+        return f"on: {learning.reason}"
+    return f"off ({', '.join(learning.frozen)} at their rank-independent priors): {learning.reason}"
 
 
 def add_explain_parser(subparsers) -> None:
@@ -404,6 +467,9 @@ def add_explain_parser(subparsers) -> None:
     parser.add_argument("--ragged-self-check", choices=SELF_CHECK_OUTCOMES, default="pass",
                         help="assumed outcome of the start-up ragged-verify self-check on triton / flashinfer graphs "
                              "(default pass; fail shows the static fallback)")
+    parser.add_argument("--flashinfer-version", default=None,
+                        help="flashinfer-python on the GPU machine (default: the one installed here, else SGLang "
+                             f"0.5.23's pin {SGLANG_FLASHINFER_PIN})")
     parser.add_argument("launch_args", nargs=argparse.REMAINDER,
                         help="the python -m sglang.launch_server arguments, after --")
     parser.set_defaults(func=run_explain)
@@ -415,7 +481,8 @@ def run_explain(args: argparse.Namespace) -> int:
         launch_args = launch_args[1:]
     try:
         result = explain(launch_args, args.assume_device, args.assume_gpu,
-                         ragged_self_check=args.ragged_self_check)
+                         ragged_self_check=args.ragged_self_check,
+                         flashinfer_version=getattr(args, "flashinfer_version", None))
     except ValueError as exc:
         print(f"sglang-dspark explain: {exc}")
         return 2

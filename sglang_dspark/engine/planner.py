@@ -37,6 +37,7 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
 from sglang_dspark.engine.gate_trace import GateTrace
+from sglang_dspark.engine.rank_learning import RankLearning, decide_rank_learning, parallel_facts
 from sglang_dspark.engine.step_record import StepRecord
 from sglang_dspark.engine.verify_mode import PLUGIN_SPS_PROBES_DP_ATTENTION, SPS_PROBES_DP_ATTENTION_SKIPPED
 from sglang_dspark.profiler.step_overhead import DraftedAndPlainOverheads, OverheadAdjustedCost
@@ -155,6 +156,8 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
 
 class AdmissionVerifyPlanner(DSparkVerifyPlanner):
     gate_trace: Optional[GateTrace] = None
+    rank_learning: Optional[RankLearning] = None  # install_sps_table's decision (engine/rank_learning.py)
+    _learn_online = False  # what step records teach may change the budget (only where one rank decides alone)
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -177,7 +180,10 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         self.last_confidence: Optional[torch.Tensor] = None
         self.gate_trace = GateTrace.from_env()  # SGLANG_DSPARK_GATE_TRACE: one line per decode step, for diagnosis
         self._stats_error_logged = False
-        self._learn_overhead = False
+        # Whether step records may teach anything that changes the budget (engine/rank_learning.py): decided with the
+        # table in install_sps_table; until then nothing is learned and the budget planner reads no survival prior.
+        self.rank_learning: Optional[RankLearning] = None
+        self._learn_online = False
         stats = get_admission_stats()
         if self._budget_planner is None:
             # Static mode: no confidence head, or the verify-all policy (decided at argument resolution).
@@ -190,7 +196,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         # upstream state (lag ring, carry buffers) instead of rebuilding it from private constructor arguments.
         self._budget_planner.__class__ = AdmissionBudgetPlanner
         self._budget_planner.policy = self.policy
-        self._budget_planner.survival_prior = self.survival_prior
+        self._budget_planner.survival_prior = None  # attached by _apply_rank_learning where one rank decides alone
         # Upstream serves a cached verify-all layout while its table is flat; ours never is.
         self._is_verify_all = False
 
@@ -239,10 +245,10 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             self._fall_back_to_verify_all()
             return
         self.sps_table = obtained.table
-        # Under TP each rank computes the budget (and so the graph tier) on its own host from this cost: anything
-        # learned from local step times would make ranks diverge, so the online part stays off there.
-        self._learn_overhead = int(getattr(get_parallel(), "tp_size", 1) or 1) == 1
         self.step_cost = OverheadAdjustedCost(self.sps_table, self.overheads.drafted)
+        # Under TP (or any layout where several ranks must agree on each step's budget, and so its graph tier) every
+        # rank computes the budget on its own host: whatever step records and local step times teach stays off there.
+        self._apply_rank_learning(decide_rank_learning(parallel_facts(get_parallel())))
         self.table_agreement = TableAgreement(source=obtained.source)
         self._budget_planner.cost = self.step_cost
         summary = self.sps_table.summary()
@@ -256,6 +262,17 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             summary.get("min_steps_per_second", float("nan")),
             summary.get("max_steps_per_second", float("nan")),
         )
+
+    def _apply_rank_learning(self, decision: RankLearning) -> None:
+        """The one switch for every learned input of the budget, the gate and the tier (engine/rank_learning.py): the
+        learned overhead and table scale (observe_step), the survival prior (read by the budget planner, taught by
+        observe_step) and the draft gate (the worker reads ``rank_learning`` before installing it)."""
+        self.rank_learning = decision
+        self._learn_online = decision.enabled
+        if self._budget_planner is not None:
+            self._budget_planner.survival_prior = self.survival_prior if decision.enabled else None
+        if not decision.enabled:
+            logger.info("%s", decision.log_line())
 
     def _fall_back_to_verify_all(self) -> None:
         self.draft_gate = None
@@ -407,7 +424,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         num_requests = len(record.commit_lens)
         if self.gate_trace is not None:
             self._trace_step(record, num_requests)
-        if self.step_cost is not None and record.seconds is not None and self._learn_overhead:
+        if self.step_cost is not None and record.seconds is not None and self._learn_online:
             table_seconds = self.sps_table.step_seconds(num_requests, sum(record.verify_lens))
             if self.table_agreement.observe(record.seconds, table_seconds):
                 self.step_cost.verify_scale = self.table_agreement.scale
@@ -420,7 +437,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             self.draft_gate.observe_outcome(record.gate_choice, record.drafted, sum(record.commit_lens), record.seconds,
                                             num_requests)
         survival = record.confidence.cumprod(dim=1) if record.confidence is not None else None
-        if survival is not None and record.drafted:
+        if survival is not None and record.drafted and self._learn_online:
             self.survival_prior.observe(survival)
         try:
             get_admission_stats().record_step(

@@ -32,7 +32,15 @@ Evidence (SGLang 0.5.23, paths under ``sglang/srt/``), one line per backend:
   no host sync (``needs_cpu_seq_lens = False``, ``triton_backend.py:153``). Compact in both modes once the patch
   passed the on-device self-check (``engine/ragged_self_check.py``).
 * ``flashinfer`` inside CUDA graphs: the sglang-dspark patch ``patches/flashinfer_ragged_verify.py`` (per-tier
-  wrappers, exact host plans through upstream's ``fast_prefill_plan``), behind the same self-check.
+  wrappers, exact host plans through upstream's ``fast_prefill_plan``), behind the same self-check, and only for what
+  the patch handles, decided before the self-check (which runs a synthetic dense model): one prefill wrapper, so no
+  target with sliding-window / chunked-local layers or a hybrid-SWA KV pool (``FlashInferAttnBackend`` then plans two
+  wrappers, ``dispatch_reason`` SLIDING_WINDOW, ``layers/attention/flashinfer_backend.py:406-419``, ``:341-344``) nor
+  an encoder-decoder target (CROSS_ATTENTION, ``:414-416``): :func:`model_attention` reads them from the target's
+  config; and a FlashInfer whose plan takes the 20 arguments ``fast_prefill_plan`` passes
+  (``flashinfer_backend.py:293-316``): 0.7.2 (SGLang 0.5.23's pin) and 0.7.2.post1, read; 0.7.4 added
+  ``fixed_uniform_q_len`` (``FI:data/csrc/batch_prefill_jit_binding.cu:22-29``), and its TVM-FFI typed export raises
+  TypeError on any other count, so every replay plan would fail (:data:`FLASHINFER_PATCH_VERSIONS`).
 * ``intel_amx`` (CPU): upstream metadata is uniform-width (``layers/attention/intel_amx_backend.py:83-91``); our CPU
   patch B8 packs by the layout (``patches/cpu_dspark.py``, ``amx_extend_metadata_with_ragged_verify``), and our
   ``extend_attention_cpu`` stand-in takes per-request ``extend_seq_lens`` (``cpu/sgl_kernel_standin/attention.py``).
@@ -204,6 +212,159 @@ def compact_capable_backends(*, cuda_graph: bool, use_mla: bool = False, device:
                      if (s.graph if cuda_graph else s.eager) and (self_checked or not s.needs_self_check(cuda_graph)))
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# What our FlashInfer CUDA-graph patch handles (patches/flashinfer_ragged_verify.py, ragged_graph_support_reason)
+# ---------------------------------------------------------------------------------------------------------------------
+
+# FlashInfer releases whose ``BatchPrefillWithKVCachePlan`` takes the 20 arguments SGLang 0.5.23's ``fast_prefill_plan``
+# passes (flashinfer_backend.py:293-316), with the graph-mode scheduler the patch was read against: 0.7.2 (SGLang's pin,
+# sglang-0.5.23.dist-info/METADATA) and 0.7.2.post1 (same data/csrc/batch_prefill*.cu and attention/scheduler.cuh).
+# 0.7.4 takes 21 (fixed_uniform_q_len).
+FLASHINFER_PATCH_VERSIONS = ("0.7.2", "0.7.2.post1")
+SGLANG_FLASHINFER_PIN = "0.7.2"
+FLASHINFER_ABSENT = "absent"
+
+# Architectures whose SGLang 0.5.23 model class defines ``get_attention_sliding_window_size`` (models/*.py), which
+# sets ``model_runner.sliding_window_size`` (model_executor/model_runner_components/load_model_utils.py:144-157) and so
+# FlashInfer's two-wrapper SLIDING_WINDOW dispatch; those methods read the config's sliding_window (or
+# sliding_window_size). Checked against SGLang's sources by tests/unit/test_verify_mode.py.
+SGLANG_SLIDING_WINDOW_ARCHS = frozenset({
+    "AfmoeForCausalLM", "BeamForCausalLM", "DiffusionGemmaForBlockDiffusion", "EmbeddingGemma2Model",
+    "EmbeddingGemmaModel", "Exaone4ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration", "Gemma3nForCausalLM", "Gemma3nForConditionalGeneration",
+    "Gemma4AssistantForCausalLM", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
+    "Gemma4UnifiedAssistantForCausalLM", "GptOssForCausalLM", "InklingForConditionalGeneration",
+    "InklingForConditionalGenerationMTP", "JetNemotronForCausalLM", "MellumForCausalLM", "MuseGlimmerForCausalLM",
+    "MuseGlimmerForConditionalGeneration", "Olmo2ForCausalLM", "Spark2_5ForCausalLM", "UnlimitedOCRForCausalLM",
+    "Dots3NoteForCausalLM", "Dots3NoteForCausalLMNextN",
+})
+# configs/model_config.py:2651-2695 (is_hybrid_swa_model, with SWA_SINK_ARCHS :88-96 and MIMO_V2_MODEL_ARCHS :74-77):
+# a SWA KV pool (flashinfer_backend.py:341-344) and, with the config's window, the SLIDING_WINDOW dispatch.
+SGLANG_HYBRID_SWA_ARCHS = frozenset({
+    "BeamForCausalLM", "Llama4ForConditionalGeneration", "DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN",
+    "DeepseekV4ForCausalLMDSpark", "GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",
+    "IQuestQ1ForCausalLM", "IQuestQ1MTP", "MiMoV2ForCausalLM", "MiMoV2FlashForCausalLM", "MiMoV2MTP",
+    "Step3p5ForCausalLM", "Step3p5MTP", "Step3p7ForConditionalGeneration", "Gemma4ForCausalLM",
+    "Gemma4ForConditionalGeneration", "EmbeddingGemma2Model", "Gemma4UnifiedForConditionalGeneration",
+    "DiffusionGemmaForBlockDiffusion", "LagunaForCausalLM", "MellumForCausalLM", "MuseGlimmerForCausalLM",
+    "MuseGlimmerForConditionalGeneration", "InklingForConditionalGeneration", "InklingForConditionalGenerationMTP",
+    "UnlimitedOCRForCausalLM",
+})
+# configs/model_config.py:2540-2546 (is_encoder_decoder_model): FlashInfer's CROSS_ATTENTION dispatch.
+SGLANG_ENCODER_DECODER_ARCHS = frozenset({
+    "WhisperForConditionalGeneration", "MllamaForConditionalGeneration", "MossVLForConditionalGeneration",
+})
+
+
+@dataclass(frozen=True)
+class ModelAttention:
+    """The target's attention layers as far as our FlashInfer graph patch cares: ``sliding_window`` and
+    ``cross_attention`` hold the evidence ("" for none); ``known`` False when no config could be read (then both are
+    empty: assumed full attention, and ``source`` says why)."""
+
+    sliding_window: str = ""
+    cross_attention: str = ""
+    source: str = ""
+    known: bool = True
+
+    def note(self) -> str:
+        """One line for ``explain``."""
+        where = f" ({self.source})" if self.source else ""
+        if not self.known:
+            return (f"unknown here{where}; assumed full attention (the server reads the target's config at start-up "
+                    "and keeps FlashInfer CUDA graphs static for sliding-window or cross-attention layers)")
+        found = [f"sliding window: {self.sliding_window}"] if self.sliding_window else []
+        found += [f"cross-attention: {self.cross_attention}"] if self.cross_attention else []
+        if not found:
+            return f"full attention only: no sliding-window, chunked or cross-attention layers{where}"
+        return "; ".join(found) + where
+
+
+def _config_get(config: Any, key: str, default: Any = None) -> Any:
+    if config is None:
+        return default
+    if isinstance(config, dict):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+def model_attention(config: Any, *, source: str = "", sglang_model_config: Any = None) -> ModelAttention:
+    """Sliding-window / chunked-local and cross-attention layers of the target, from its HF config (a ``config.json``
+    dict or a ``PretrainedConfig``; multimodal configs are read at the top level and in ``text_config``), plus SGLang's
+    own ``ModelConfig`` flags where the launcher has them (``is_hybrid_swa``, ``attention_chunk_size``,
+    ``is_encoder_decoder``). Pure; errs toward reporting a layer (a false report only keeps FlashInfer graphs
+    static)."""
+    if config is None and sglang_model_config is None:
+        return ModelAttention(source=source or "no config read", known=False)
+    texts = [config]
+    text = _config_get(config, "text_config")
+    if text is not None:
+        texts.append(text)
+
+    def first(key):
+        for c in texts:
+            value = _config_get(c, key)
+            if value is not None:
+                return value
+        return None
+
+    archs = [str(a) for a in (_config_get(config, "architectures") or [])]
+    layer_types = [str(t).lower() for c in texts for t in (_config_get(c, "layer_types") or [])]
+    window = first("sliding_window")
+    if window is None:
+        window = first("sliding_window_size")
+    sliding: list[str] = []
+    hybrid = next((a for a in archs if a in SGLANG_HYBRID_SWA_ARCHS), None)
+    if hybrid == "BeamForCausalLM" and not any("sliding" in t for t in layer_types):
+        hybrid = None  # SGLang's own exceptions (model_config.py:2681-2691): no sliding layers, no window
+    if hybrid == "LagunaForCausalLM" and not window:
+        hybrid = None
+    if hybrid is not None:
+        sliding.append(f"{hybrid} is a hybrid sliding-window model in SGLang (SWA KV pool; "
+                       "configs/model_config.py:2651-2695)")
+    elif first("is_hybrid_swa") or getattr(sglang_model_config, "is_hybrid_swa", False):
+        sliding.append("SGLang serves it as a hybrid sliding-window model (is_hybrid_swa)")
+    named = [a for a in archs if a in SGLANG_SLIDING_WINDOW_ARCHS]
+    if named and window is not None and not sliding:
+        sliding.append(f"SGLang's {named[0]} sets a sliding window of {window} tokens "
+                       "(get_attention_sliding_window_size)")
+    chunk = first("attention_chunk_size")
+    if chunk is None:
+        chunk = getattr(sglang_model_config, "attention_chunk_size", None)
+    if chunk is not None:
+        sliding.append(f"attention_chunk_size {chunk} (chunked local attention, which SGLang runs as a sliding window: "
+                       "model_executor/model_runner_components/load_model_utils.py:152-157)")
+    windowed = [t for t in layer_types if "sliding" in t or "chunked" in t or t.startswith("local")]
+    if windowed and not sliding:
+        sliding.append(f"layer_types declares {len(windowed)} {windowed[0]} layers")
+    if first("sliding_window_pattern") is not None and window is not None and not sliding:
+        sliding.append(f"sliding_window_pattern {first('sliding_window_pattern')} with sliding_window {window}")
+    cross = ""
+    encoder_decoder = [a for a in archs if a in SGLANG_ENCODER_DECODER_ARCHS]
+    if encoder_decoder:
+        cross = (f"{encoder_decoder[0]} is an encoder-decoder model in SGLang (configs/model_config.py:2540-2546)")
+    elif getattr(sglang_model_config, "is_encoder_decoder", False):
+        cross = "SGLang serves it as an encoder-decoder model (is_encoder_decoder)"
+    elif _config_get(config, "is_encoder_decoder") is True or first("cross_attention_layers"):
+        cross = "its config declares encoder-decoder cross-attention (is_encoder_decoder / cross_attention_layers)"
+    return ModelAttention(sliding_window="; ".join(sliding), cross_attention=cross, source=source)
+
+
+def flashinfer_version_supported(version: Optional[str]) -> bool:
+    return version in FLASHINFER_PATCH_VERSIONS
+
+
+def installed_flashinfer_version() -> str:
+    """``flashinfer-python``'s installed version (importlib.metadata: FlashInfer itself is not imported), or
+    :data:`FLASHINFER_ABSENT`."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        return FLASHINFER_ABSENT
+
+
 @dataclass(frozen=True)
 class EngineFacts:
     """What the verify-mode decision depends on, read from SGLang's resolved arguments (or simulated by explain).
@@ -247,6 +408,11 @@ class EngineFacts:
     # True passed, False failed or skipped, None not run; the detail goes into the reason
     ragged_self_check: Optional[bool] = None
     ragged_self_check_detail: str = ""
+    # the target's attention layers that our FlashInfer graph patch does not handle (ModelAttention evidence; ""
+    # none or not known) and the installed flashinfer-python (None: not read, as in simulations: no check)
+    model_sliding_window: str = ""
+    model_cross_attention: str = ""
+    flashinfer_version: Optional[str] = None
 
 
 def needs_ragged_self_check(f: "EngineFacts") -> bool:
@@ -270,6 +436,36 @@ class VerifyModeDecision:
     admission_policy: str  # the admission policy actually in effect (verify-all whenever static)
     downgraded: bool = False  # the policy wanted compact and did not get it: log ``reason`` as a warning
     blockers: tuple[str, ...] = field(default=())  # every reason compact is unsafe here (first one is ``reason``)
+
+
+def _flashinfer_graph_patch_blockers(f: EngineFacts) -> list[str]:
+    """What our FlashInfer CUDA-graph patch does not handle (empty where it is not the path: another backend, eager,
+    MLA's own FlashInfer backend)."""
+    if (f.attention_backend or "") != "flashinfer" or not f.cuda_graph or f.use_mla:
+        return []
+    out = []
+    fix = "use --attention-backend fa3 (sm80/sm90) / trtllm_mha (sm100) for compact"
+    if f.flashinfer_version is not None and not flashinfer_version_supported(f.flashinfer_version):
+        installed = ("flashinfer-python is not installed" if f.flashinfer_version == FLASHINFER_ABSENT
+                     else f"flashinfer-python {f.flashinfer_version} is installed")
+        out.append(
+            f"{installed}, and sglang-dspark's flashinfer ragged-verify patch replans through SGLang's "
+            "fast_prefill_plan, whose 20 plan arguments (layers/attention/flashinfer_backend.py:293-316) match "
+            f"flashinfer-python {' and '.join(FLASHINFER_PATCH_VERSIONS)} only (0.7.4 takes 21, fixed_uniform_q_len: "
+            "every replay plan would raise TypeError, and SGLang's own fast-plan graphs with it); install "
+            f"flashinfer-python=={SGLANG_FLASHINFER_PIN} (SGLang 0.5.23's pin) or {fix}"
+        )
+    what = [(f.model_sliding_window, "sliding-window / chunked-local attention", "SLIDING_WINDOW"),
+            (f.model_cross_attention, "cross-attention", "CROSS_ATTENTION")]
+    for evidence, kind, dispatch in what:
+        if evidence:
+            out.append(
+                f"the target model has {kind} ({evidence}): SGLang's FlashInfer backend then plans two wrappers per "
+                f"batch (WrapperDispatch.{dispatch}, layers/attention/flashinfer_backend.py:406-419) where "
+                "sglang-dspark's flashinfer ragged-verify patch plans one, so the target's CUDA-graph capture would "
+                f"raise (patches/flashinfer_ragged_verify.py, ragged_graph_support_reason); {fix}"
+            )
+    return out
 
 
 def _blockers(f: EngineFacts) -> list[str]:
@@ -298,7 +494,10 @@ def _blockers(f: EngineFacts) -> list[str]:
     if device == "cuda":
         support = backend_support(backend, use_mla=f.use_mla)
         works = support.graph if f.cuda_graph else support.eager
-        if not works:
+        patch_blockers = _flashinfer_graph_patch_blockers(f) if works else []
+        if patch_blockers:  # decided before the self-check, which then does not run
+            out.extend(patch_blockers)
+        elif not works:
             fix = ("disable decode CUDA graphs (--cuda-graph-backend-decode disabled) or use --attention-backend fa3 "
                    "(sm80/sm90) / trtllm_mha (sm100)") if (support.eager and f.cuda_graph) else (
                 "use --attention-backend fa3 (sm80/sm90) or trtllm_mha (sm100)")
@@ -553,6 +752,8 @@ def facts_from_server_args(
     sps_probes_tier_aligned: bool = PLUGIN_SPS_PROBES_TIER_ALIGNED,
     sps_profile_rank_consistent: bool = PLUGIN_SPS_PROFILE_RANK_CONSISTENT,
     confidence_head_detail: str = "",
+    target_attention: Optional[ModelAttention] = None,
+    flashinfer_version: Optional[str] = None,
 ) -> EngineFacts:
     """EngineFacts from SGLang's resolving view (``resolving_view(server_args)``) inside ``_handle_dspark``.
 
@@ -560,7 +761,10 @@ def facts_from_server_args(
     backends :205-209, attention backend :242, all before handle_speculative_decoding :306). ``hf_config`` (the
     target's), ``use_mla`` and ``gpu_sm`` are looked up through SGLang when not given (pass them to keep SGLang out,
     as explain does). An unknown ``gpu_sm`` keeps trtllm_mha static; a failed model-config lookup leaves the model flags
-    (MLA, hybrid, DeepSeek-V4) False, and SGLang's own validations still apply.
+    (MLA, hybrid, DeepSeek-V4) False, and SGLang's own validations still apply. ``target_attention`` (the target's
+    sliding-window / cross-attention layers) is read from that config and SGLang's ModelConfig when not given; where
+    SGLang cannot build one, the target's config comes from the local folder or the local Hugging Face cache (never a
+    download). ``flashinfer_version`` is the installed ``flashinfer-python`` where the verify backend is flashinfer.
     """
     view = server_args_view
     device = str(_get(view, "device", "cuda"))
@@ -573,13 +777,24 @@ def facts_from_server_args(
         cuda_graph = decode_graph_backend(view) != "disabled"
         if pd_mode == "prefill" or backend in ("torch_native", "flex_attention"):
             cuda_graph = False  # cuda_graph_setup.py:720-724; attention_hook.py:124-160
+    sglang_model_config = None
+    config_source = "the target's config"
     if hf_config is None:
         try:
             from sglang.srt.arg_groups.overrides import model_config_of
 
-            hf_config = model_config_of(view).hf_config
+            sglang_model_config = model_config_of(view)
+            hf_config = sglang_model_config.hf_config
         except Exception:
-            hf_config = None
+            sglang_model_config = hf_config = None
+    if hf_config is None:  # the local folder or the local Hugging Face cache: never a download
+        from sglang_dspark.engine.draft_head import read_local_config
+
+        hf_config, config_source = read_local_config(_get(view, "model_path"), _get(view, "revision"))
+    if target_attention is None:
+        target_attention = model_attention(hf_config, source=config_source, sglang_model_config=sglang_model_config)
+    if flashinfer_version is None and backend == "flashinfer" and not is_cpu:
+        flashinfer_version = installed_flashinfer_version()
     flags = hf_config_flags(hf_config)
     if use_mla is None:
         use_mla = flags["use_mla"]
@@ -625,7 +840,21 @@ def facts_from_server_args(
         sps_probes_tier_aligned=sps_probes_tier_aligned,
         sps_profile_rank_consistent=sps_profile_rank_consistent,
         confidence_head_detail=confidence_head_detail,
+        model_sliding_window=target_attention.sliding_window,
+        model_cross_attention=target_attention.cross_attention,
+        flashinfer_version=flashinfer_version,
     )
+
+
+def read_target_attention(model_path: Optional[str], revision: Optional[str] = None, **kwargs) -> ModelAttention:
+    """:func:`model_attention` of the target's ``config.json`` from a local folder or the local Hugging Face cache
+    (``engine/draft_head.py``: nothing is downloaded); unknown when neither has it."""
+    from sglang_dspark.engine.draft_head import read_local_config
+
+    config, source = read_local_config(model_path, revision, **kwargs)
+    if config is None:
+        return ModelAttention(source=source, known=False)
+    return model_attention(config, source=source)
 
 
 __all__ = [
@@ -633,6 +862,9 @@ __all__ = [
     "BackendSupport",
     "COMPACT",
     "EngineFacts",
+    "FLASHINFER_PATCH_VERSIONS",
+    "ModelAttention",
+    "SGLANG_FLASHINFER_PIN",
     "SPS_PROBES_DP_ATTENTION_SKIPPED",
     "STATIC",
     "VERIFY_MODES",
@@ -644,6 +876,9 @@ __all__ = [
     "decode_graph_backend",
     "facts_from_server_args",
     "hf_config_flags",
+    "installed_flashinfer_version",
+    "model_attention",
     "needs_ragged_self_check",
+    "read_target_attention",
     "verify_attention_backend",
 ]

@@ -158,18 +158,21 @@ class DSparkWorker(DSparkWorkerV2):
         """Why the draft gate cannot run on this server (None: it can)."""
         from sglang.srt.runtime_context import get_parallel
 
+        from sglang_dspark.engine.rank_learning import decide_rank_learning, parallel_facts
+
         planner = self._verify_planner
-        parallel = get_parallel()
         if planner._budget_planner is None or planner.policy.name not in ("async", "exact"):
             return f"admission policy {planner.policy.name!r} (the gate needs async or exact)"
         if not planner.is_compact_mode:
             return f"verify mode {planner.mode_value!r} (the gate needs compact)"
         if planner.sps_table is None:
             return "no SPS table"
-        # Every rank must take the same decision: learned step times are per rank, and a MoE draft's forward joins
-        # collectives across DP ranks.
-        if int(getattr(parallel, "tp_size", 1) or 1) > 1 or getattr(parallel, "attn_dp_enabled", False):
-            return "tensor or attention-data parallelism"
+        # Every rank must take the same decision: the gate learns from per-rank step records and times, and a MoE
+        # draft's forward joins collectives across DP ranks. The planner's decision, so that one switch keeps every
+        # learned input off together (engine/rank_learning.py).
+        learning = planner.rank_learning or decide_rank_learning(parallel_facts(get_parallel()))
+        if not learning.enabled:
+            return learning.reason
         if self._deferred_commit() is not None:
             return "deferred context-KV commit (SGLANG_DSPARK_DEFER_CONTEXT_KV)"
         return None

@@ -18,6 +18,7 @@ import types
 import pytest
 
 from sglang_dspark.engine import ragged_self_check as rsc
+from sglang_dspark.engine import verify_mode
 from sglang_dspark.engine.draft_head import DraftConfidenceHead
 
 PASSING_REPORT = {"ok": True, "checks": {"flag on after the patch": True},
@@ -197,6 +198,7 @@ def test_launcher_opens_compact_only_after_the_check(backend, passed, mode, patc
 
     monkeypatch.setattr(rsc, "self_check", fake_check)
     monkeypatch.setattr(arg_resolution, "_draft_head", lambda view, path: DraftConfidenceHead(True, "a test draft"))
+    monkeypatch.setattr(verify_mode, "installed_flashinfer_version", lambda: "0.7.2")  # a GPU machine's, SGLang's pin
     monkeypatch.delenv("SGLANG_RAGGED_VERIFY_MODE", raising=False)
     monkeypatch.setenv(rsc.PATCHES_ENV, "stale")
     decision = arg_resolution._apply_verify_mode(_gpu_view(backend), "/draft", "async", None)
@@ -207,6 +209,20 @@ def test_launcher_opens_compact_only_after_the_check(backend, passed, mode, patc
     if not passed:
         assert "fake verdict" in decision.reason
         assert "SGLANG_DSPARK_RAGGED_SELF_CHECK=force runs it again" in caplog.text
+
+
+@pytest.mark.parametrize("version", ["0.7.4", "absent"])
+def test_launcher_keeps_flashinfer_graphs_static_for_an_unsupported_flashinfer(version, monkeypatch):
+    """Issue #38 item 4: the installed FlashInfer is checked before the self-check (which then does not run)."""
+    from sglang_dspark.engine import arg_resolution
+
+    monkeypatch.setattr(rsc, "self_check", lambda *a: pytest.fail("self-check run for an unsupported FlashInfer"))
+    monkeypatch.setattr(arg_resolution, "_draft_head", lambda view, path: DraftConfidenceHead(True, "a test draft"))
+    monkeypatch.setattr(verify_mode, "installed_flashinfer_version", lambda: version)
+    monkeypatch.delenv("SGLANG_RAGGED_VERIFY_MODE", raising=False)
+    decision = arg_resolution._apply_verify_mode(_gpu_view("flashinfer"), "/draft", "async", None)
+    assert decision.verify_mode == "static" and "flashinfer-python" in decision.reason
+    assert rsc.PATCHES_ENV not in os.environ
 
 
 @pytest.mark.parametrize("view,policy,user_mode", [

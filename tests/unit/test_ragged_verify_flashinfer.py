@@ -361,6 +361,58 @@ def test_dflash_generate_attn_arg_device_only_layout(sgl):
     assert out[0].numel() == 14 + 4
 
 
+def _flashinfer_run_rows_check(q_rows: int, qo_indptr: torch.Tensor) -> None:
+    """BatchPrefillWithPagedKVCacheWrapper.run's check (FI 0.7.2 prefill.py:3440-3445, 0.7.4 :4840-4845)."""
+    if q_rows != int(qo_indptr[-1]):
+        raise ValueError(f"q.shape[0] ({q_rows}) does not match qo_indptr[-1] ({int(qo_indptr[-1])}).")
+
+
+def test_eager_flashinfer_device_only_layout_covers_the_tier(sgl):
+    """Issue #38 item 4: a compact graph batch that runs eager on FlashInfer's MHA backend carries q for the whole tier
+    (BuildRaggedVerifyWindow pads to graph_num_tokens); the layout handed to FlashInfer must cover those rows or its
+    run() raises. The fix pads it to its own R rows (PaddedToBucket full coverage) and the real rows attend as
+    before."""
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+
+    from sglang_dspark.kernels.ragged_verify_attention import ragged_verify_attention_torch
+
+    verify, tier, prefix = [3, 1, 2], 16, [5, 9, 4]
+    layout = sgl.Layout.from_verify_lens_device(verify_lens=torch.tensor(verify, dtype=torch.int32),
+                                                graph_num_tokens=tier)
+    spec = DFlashVerifyInput(draft_token=torch.zeros(tier, dtype=torch.long),
+                             positions=torch.zeros(tier, dtype=torch.long), draft_token_num=8,
+                             ragged_verify_layout=layout)
+    # FlashInfer MHA's call (flashinfer_backend.py:2270-2282) passes kind and kv_start_idx.
+    kwargs = dict(req_pool_indices=torch.arange(3), paged_kernel_lens=torch.tensor(prefix), paged_kernel_lens_sum=18,
+                  translator=_Translator(), plan=None, kind=None, kv_start_idx=None)
+    upstream = DFlashVerifyInput.generate_attn_arg_prefill
+    upstream = getattr(upstream, "__wrapped__", upstream)
+    # Before: the allocation-only fix left qo_indptr at the real 6 rows, and FlashInfer refused q's 16.
+    spec_alloc_only = DFlashVerifyInput(draft_token=spec.draft_token, positions=spec.positions, draft_token_num=8,
+                                        ragged_verify_layout=layout)
+    no_kind = {k: v for k, v in kwargs.items() if k not in ("kind", "kv_start_idx")}
+    _, _, qo_alloc_only, _ = fi.generate_attn_arg_prefill_device_only_layouts(upstream, spec_alloc_only, **no_kind)
+    with pytest.raises(ValueError, match="does not match qo_indptr"):
+        _flashinfer_run_rows_check(tier, qo_alloc_only)
+    kv_indices, kv_indptr, qo_indptr, mask = fi.generate_attn_arg_prefill_device_only_layouts(upstream, spec, **kwargs)
+    assert spec.ragged_verify_layout is layout and mask is None  # restored for everything after attention
+    _flashinfer_run_rows_check(tier, qo_indptr)  # q's tier rows are covered now
+    padded = fi.full_coverage_layout(layout)
+    assert padded.verify_lens.tolist() == [3, 1, 12] and padded.total_verify_tokens == tier == padded.graph_num_tokens
+    assert qo_indptr.tolist() == [0, 3, 4, 16] and kv_indptr.tolist() == [0, 8, 18, 34]
+    assert kv_indices.numel() == 18 + tier
+    # The real rows attend exactly as with the unpadded layout (bottom-right causal: padding rows come after them).
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(tier, 4, 16, generator=g)
+    k_cache, v_cache = torch.randn(64, 2, 16, generator=g), torch.randn(64, 2, 16, generator=g)
+    req_to_token = torch.randperm(64, generator=g)[:3 * 20].view(3, 20)
+    rows = sum(verify)
+    real = ragged_verify_attention_torch(q, k_cache, v_cache, req_to_token, torch.arange(3), prefix, verify)
+    covered = ragged_verify_attention_torch(q, k_cache, v_cache, req_to_token, torch.arange(3), prefix,
+                                            padded.verify_lens.tolist())
+    assert torch.allclose(real[:rows], covered[:rows], atol=1e-6, rtol=0)  # same rows, another matmul size
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # The GPU check's FlashInfer flow, on a stand-in honouring FlashInfer's contract, through upstream's fast_prefill_plan
 # ----------------------------------------------------------------------------------------------------------------------

@@ -144,6 +144,26 @@ DECISION_TABLE = [
     ("replayssm", gpu_facts("fa3", H100, enable_linear_replayssm_spec=True), STATIC, "verify-all", "replayssm"),
     ("model-gate", gpu_facts("fa3", B200, model_requires_static="MiniMax-M3.1 NVFP4 DSPARK requires static"), STATIC,
      "verify-all", "MiniMax"),
+    # Issue #38 item 4: what our FlashInfer graph patch does not handle is static before the self-check runs.
+    ("flashinfer-graphs-sliding-window", gpu_facts("flashinfer", A100, ragged_self_check=True, model_sliding_window=(
+        "SGLang's GptOssForCausalLM sets a sliding window")), STATIC, "verify-all", "WrapperDispatch.SLIDING_WINDOW"),
+    ("flashinfer-graphs-cross-attention", gpu_facts("flashinfer", A100, ragged_self_check=True, model_cross_attention=(
+        "MllamaForConditionalGeneration is an encoder-decoder model")), STATIC, "verify-all", "CROSS_ATTENTION"),
+    ("flashinfer-graphs-0.7.4", gpu_facts("flashinfer", L40S, ragged_self_check=True, flashinfer_version="0.7.4"),
+     STATIC, "verify-all", "flashinfer-python 0.7.4 is installed"),
+    ("flashinfer-graphs-absent", gpu_facts("flashinfer", L40S, ragged_self_check=True, flashinfer_version="absent"),
+     STATIC, "verify-all", "flashinfer-python is not installed"),
+    ("flashinfer-graphs-0.7.2", gpu_facts("flashinfer", L40S, ragged_self_check=True, flashinfer_version="0.7.2"),
+     COMPACT, "async", "flashinfer_ragged_verify"),
+    ("flashinfer-graphs-0.7.2.post1", gpu_facts("flashinfer", L40S, ragged_self_check=True,
+                                                flashinfer_version="0.7.2.post1"), COMPACT, "async", "flashinfer"),
+    # Upstream's own paths keep their behaviour: FlashInfer eager, fa3, FlashInfer MLA.
+    ("flashinfer-eager-sliding-window", gpu_facts("flashinfer", A100, graph=False, model_sliding_window="w",
+                                                  flashinfer_version="0.7.4"), COMPACT, "async", "dflash_info.py"),
+    ("fa3-sliding-window", gpu_facts("fa3", H100, model_sliding_window="w", model_cross_attention="c"), COMPACT,
+     "async", "fa3"),
+    ("mla-flashinfer-graphs-0.7.4", gpu_facts("flashinfer", B200, use_mla=True, flashinfer_version="0.7.4"), COMPACT,
+     "async", "FlashInferMLA"),
     ("mla-flashinfer-graphs", gpu_facts("flashinfer", B200, use_mla=True), COMPACT, "async", "FlashInferMLA"),
     ("mla-trtllm-mla-graphs", gpu_facts("trtllm_mla", B200, use_mla=True), COMPACT, "async", "trtllm_mla"),
     ("mla-triton", gpu_facts("triton", A100, use_mla=True), STATIC, "verify-all", "triton"),
@@ -193,6 +213,10 @@ def test_downgrade_flag_and_blockers():
      ["--speculative-dspark-sps-table-path"]),
     (gpu_facts("fa3", H100, user_mode="compact", tp_size=4, attn_dp_size=4),
      ["DP attention", "--speculative-dspark-sps-table-path"]),
+    (gpu_facts("flashinfer", A100, user_mode="compact", ragged_self_check=True, model_sliding_window="gemma2 window"),
+     ["gemma2 window", "SLIDING_WINDOW"]),
+    (gpu_facts("flashinfer", A100, user_mode="compact", ragged_self_check=True, flashinfer_version="0.7.4"),
+     ["0.7.4", "flashinfer-python==0.7.2"]),
 ])
 def test_user_forced_compact_on_unsafe_configuration_is_refused(facts, needles):
     with pytest.raises(ValueError) as info:
@@ -213,6 +237,12 @@ def test_user_forced_compact_on_unsafe_configuration_is_refused(facts, needles):
     (gpu_facts("triton", A100, has_confidence_head=False), False),  # static anyway
     (gpu_facts("triton", A100, use_mla=True), False),
     (EngineFacts("cpu", "intel_amx", False, "async", True), False),
+    # Issue #38 item 4: a model or FlashInfer the patch does not handle is static without the minutes of the check.
+    (gpu_facts("flashinfer", A100, model_sliding_window="w"), False),
+    (gpu_facts("flashinfer", A100, model_cross_attention="c"), False),
+    (gpu_facts("flashinfer", A100, flashinfer_version="0.7.4"), False),
+    (gpu_facts("flashinfer", A100, flashinfer_version="0.7.2"), True),
+    (gpu_facts("triton", A100, model_sliding_window="w", flashinfer_version="0.7.4"), True),  # not the FI patch
 ])
 def test_self_check_is_run_only_where_it_decides(facts, needed):
     assert needs_ragged_self_check(facts) is needed
@@ -395,6 +425,159 @@ def test_facts_from_a_resolved_view():
     assert hybrid.hybrid_linear is True
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# The target's attention layers and the FlashInfer version (issue #38 item 4)
+# ---------------------------------------------------------------------------------------------------------------------
+
+MODEL_CONFIGS = {
+    # name: (config.json, sliding-window needle or "", cross-attention needle or "")
+    "gpt-oss": ({"architectures": ["GptOssForCausalLM"], "sliding_window": 128,
+                 "layer_types": ["sliding_attention", "full_attention"]}, "hybrid sliding-window", ""),
+    "gemma2": ({"architectures": ["Gemma2ForCausalLM"], "sliding_window": 4096}, "sliding window of 4096", ""),
+    "gemma3-multimodal": ({"architectures": ["Gemma3ForConditionalGeneration"],
+                           "text_config": {"sliding_window": 1024, "sliding_window_pattern": 6}},
+                          "sliding window of 1024", ""),
+    "llama4-chunked": ({"architectures": ["Llama4ForConditionalGeneration"],
+                        "text_config": {"attention_chunk_size": 8192}}, "attention_chunk_size 8192", ""),
+    "olmo3-layer-types": ({"architectures": ["Olmo3ForCausalLM"], "sliding_window": 4096,
+                           "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}, "3 sliding_attention", ""),
+    "beam-without-sliding-layers": ({"architectures": ["BeamForCausalLM"], "layer_types": ["full_attention"]}, "", ""),
+    "whisper": ({"architectures": ["WhisperForConditionalGeneration"], "is_encoder_decoder": True}, "",
+                "encoder-decoder"),
+    "mllama": ({"architectures": ["MllamaForConditionalGeneration"],
+                "text_config": {"cross_attention_layers": [3, 8]}}, "", "encoder-decoder"),
+    # Full attention in SGLang although the config names a window: Qwen2.5 (use_sliding_window false, SGLang's
+    # qwen2.py sets none), Mistral v0.1 (SGLang's llama.py sets none), OLMo-2 (no window key).
+    "qwen2.5": ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 131072, "use_sliding_window": False,
+                 "max_window_layers": 28}, "", ""),
+    "qwen3": ({"architectures": ["Qwen3ForCausalLM"], "sliding_window": None, "layer_types": ["full_attention"] * 4},
+              "", ""),
+    "mistral-v0.1": ({"architectures": ["MistralForCausalLM"], "sliding_window": 4096}, "", ""),
+    "olmo2": ({"architectures": ["Olmo2ForCausalLM"]}, "", ""),
+}
+
+
+@pytest.mark.parametrize("name", list(MODEL_CONFIGS))
+def test_model_attention_from_the_target_config(name):
+    from sglang_dspark.engine.verify_mode import model_attention
+
+    config, sliding, cross = MODEL_CONFIGS[name]
+    found = model_attention(config, source="config.json")
+    assert (sliding in found.sliding_window) if sliding else found.sliding_window == "", found
+    assert (cross in found.cross_attention) if cross else found.cross_attention == "", found
+    assert found.known and "config.json" in found.note()
+    # A PretrainedConfig-like object reads the same.
+    as_object = types.SimpleNamespace(**{k: (types.SimpleNamespace(**v) if isinstance(v, dict) else v)
+                                         for k, v in config.items()})
+    assert model_attention(as_object) == dataclasses.replace(found, source="")
+
+
+def test_model_attention_uses_sglang_flags_and_reports_unknown():
+    from sglang_dspark.engine.verify_mode import model_attention
+
+    plain = {"architectures": ["CustomForCausalLM"]}
+    assert model_attention(plain).sliding_window == ""
+    sglang = types.SimpleNamespace(is_hybrid_swa=True, attention_chunk_size=None, is_encoder_decoder=True)
+    flagged = model_attention(plain, sglang_model_config=sglang)
+    assert "is_hybrid_swa" in flagged.sliding_window and "is_encoder_decoder" in flagged.cross_attention
+    unknown = model_attention(None, source="hub id org/x is not in the local Hugging Face cache")
+    assert not unknown.known and unknown.sliding_window == unknown.cross_attention == ""
+    assert "assumed full attention" in unknown.note() and "org/x" in unknown.note()
+
+
+def test_facts_read_the_target_from_the_local_hf_cache(tmp_path, monkeypatch):
+    """At argument resolution the target's config comes from SGLang's ModelConfig, else the local folder or the local
+    Hugging Face cache (never a download)."""
+    import sglang_dspark.engine.draft_head as draft_head
+    from sglang_dspark.engine.verify_mode import read_target_attention
+
+    cached = tmp_path / "config.json"
+    cached.write_text(json.dumps(MODEL_CONFIGS["gpt-oss"][0]))
+    monkeypatch.setattr(draft_head, "hf_cache_config_file",
+                        lambda repo, revision: str(cached) if repo == "openai/gpt-oss-20b" else None)
+    found = read_target_attention("openai/gpt-oss-20b")
+    assert "hybrid sliding-window" in found.sliding_window and "local Hugging Face cache" in found.source
+    assert not read_target_attention("org/not-cached").known
+    folder = tmp_path / "whisper"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(MODEL_CONFIGS["whisper"][0]))
+    assert "encoder-decoder" in read_target_attention(str(folder)).cross_attention
+    # facts_from_server_args: the view's model path when SGLang's ModelConfig cannot be had here.
+    facts = facts_from_server_args(_view(attention_backend="flashinfer", model_path="openai/gpt-oss-20b"), True,
+                                   "async", None, use_mla=False, gpu_sm=80, flashinfer_version="0.7.2")
+    assert "hybrid sliding-window" in facts.model_sliding_window and facts.flashinfer_version == "0.7.2"
+    decision = decide_verify_mode(dataclasses.replace(facts, ragged_self_check=True))
+    assert decision.verify_mode == STATIC and "SLIDING_WINDOW" in decision.reason
+
+
+def test_flashinfer_version_is_read_only_for_flashinfer(monkeypatch):
+    import importlib.metadata
+
+    from sglang_dspark.engine import verify_mode
+
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda dist: "0.7.4" if dist == "flashinfer-python" else "1.0")
+    assert verify_mode.installed_flashinfer_version() == "0.7.4"
+    assert _facts(_view(attention_backend="flashinfer")).flashinfer_version == "0.7.4"
+    assert _facts(_view(attention_backend="fa3")).flashinfer_version is None
+
+    def absent(dist):
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(importlib.metadata, "version", absent)
+    assert verify_mode.installed_flashinfer_version() == verify_mode.FLASHINFER_ABSENT
+    assert verify_mode.FLASHINFER_PATCH_VERSIONS == ("0.7.2", "0.7.2.post1")
+
+
+def test_model_tables_match_sglang_source():
+    """The architecture tables are SGLang 0.5.23's: every EntryClass whose model class defines (or inherits)
+    get_attention_sliding_window_size, is_hybrid_swa_model's list, is_encoder_decoder_model's list."""
+    import ast
+
+    import sglang.srt.configs.model_config as model_config
+
+    from sglang_dspark.engine.verify_mode import (
+        SGLANG_ENCODER_DECODER_ARCHS,
+        SGLANG_HYBRID_SWA_ARCHS,
+        SGLANG_SLIDING_WINDOW_ARCHS,
+    )
+
+    models = Path(importlib.util.find_spec("sglang.srt.models").submodule_search_locations[0])
+    with_window = set()
+    for path in models.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        classes = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+
+        def defines(name, seen=()):
+            node = classes.get(name)
+            if node is None or name in seen:
+                return False
+            if any(isinstance(f, ast.FunctionDef) and f.name == "get_attention_sliding_window_size" for f in node.body):
+                return True
+            return any(defines(ast.unparse(b).split(".")[-1], seen + (name,)) for b in node.bases)
+
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "EntryClass" for t in node.targets):
+                values = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+                with_window |= {ast.unparse(v) for v in values if defines(ast.unparse(v))}
+    drafts = {a for a in with_window if "DFlash" in a or "Eagle" in a or a == "MuseGlimmerAssistantModel"}
+    missing = with_window - drafts - SGLANG_SLIDING_WINDOW_ARCHS
+    assert not missing, sorted(missing)
+    source = Path(model_config.__file__).read_text()
+
+    def quoted(start, end):
+        block = source[source.index(start):source.index(end, source.index(start))]
+        return {w.strip('",') for w in block.split() if w.startswith('"') and w.endswith('",')}
+
+    hybrid = (quoted("    hybrid_swa_archs = {", "    }") | set(model_config.SWA_SINK_ARCHS)
+              | set(model_config.MIMO_V2_MODEL_ARCHS))
+    assert hybrid == SGLANG_HYBRID_SWA_ARCHS
+    assert all(model_config.is_hybrid_swa_model([a], None) for a in SGLANG_HYBRID_SWA_ARCHS)
+    assert not model_config.is_hybrid_swa_model(["Qwen3ForCausalLM"], None)
+    assert quoted("def is_encoder_decoder_model", "def is_local_attention_model") == SGLANG_ENCODER_DECODER_ARCHS
+    assert all(model_config.is_encoder_decoder_model([a]) for a in SGLANG_ENCODER_DECODER_ARCHS)
+
+
 def test_decode_graph_backend_precedence_on_a_raw_record():
     raw = types.SimpleNamespace(cuda_graph_config=None, disable_cuda_graph=False, disable_decode_cuda_graph=False,
                                 cuda_graph_backend_decode=None)
@@ -566,6 +749,44 @@ def test_explain_cpu_and_unknown_gpu(draft, clean_env):
     assert gpu_spec("a100-sxm4-40gb").name == "A100-40GB" and gpu_spec("sm100").sm == 100
 
 
+def test_explain_shows_the_model_facts_and_the_flashinfer_version(draft, clean_env, tmp_path):
+    """Issue #38 item 4: a sliding-window target, an unsupported FlashInfer: static on FlashInfer graphs, with why."""
+    from sglang_dspark.engine.explain import explain
+
+    target = tmp_path / "gpt-oss"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(MODEL_CONFIGS["gpt-oss"][0]))
+    argv = ["--model-path", str(target), "--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", draft()]
+    swa = explain(argv, None, "A100", flashinfer_version="0.7.2")
+    assert (swa["attention_backend"], swa["verify_mode"]) == ("flashinfer", "static")
+    assert "SLIDING_WINDOW" in swa["reason"] and "GptOssForCausalLM" in swa["reason"]
+    assert swa["model_attention"].startswith("sliding window: GptOssForCausalLM") and str(target) in \
+        swa["model_attention"]
+    assert swa["ragged_self_check"].startswith("not run: this launch is static before it")  # no minutes spent
+    eager = explain(argv + ["--disable-cuda-graph"], None, "A100", flashinfer_version="0.7.2")
+    assert eager["verify_mode"] == "compact"  # SGLang's own eager FlashInfer path: not the patch
+    plain = explain(_argv(draft()), None, "A100", flashinfer_version="0.7.4")
+    assert plain["verify_mode"] == "static" and "flashinfer-python 0.7.4 is installed" in plain["reason"]
+    assert plain["flashinfer"].startswith("0.7.4 (given): not supported") and "0.7.2" in plain["flashinfer"]
+    assert plain["model_attention"].startswith("unknown here") and "assumed full attention" in plain["model_attention"]
+    ok = explain(_argv(draft()), None, "A100", flashinfer_version="0.7.2.post1")
+    assert ok["verify_mode"] == "compact" and "0.7.2.post1 (given): supported" in ok["flashinfer"]
+    assert explain(_argv(draft()), None, "H100")["flashinfer"] == "not used (attention backend fa3)"
+
+
+def test_explain_shows_whether_step_records_may_teach_the_budget(draft, clean_env):
+    """Issue #38 item 2: learned state is off wherever several ranks must agree on each step's budget."""
+    from sglang_dspark.engine.explain import explain
+
+    single = explain(_argv(draft()), None, "H100")
+    assert single["learned_state"].startswith("on: one rank decides")
+    tp = explain(_argv(draft(), "--tp-size", "2"), None, "H100")
+    assert tp["verify_mode"] == "compact" and tp["learned_state"].startswith("off (survival prior, step overhead")
+    assert "--tp-size 2" in tp["learned_state"] and "graph tier" in tp["learned_state"]
+    static = explain(_argv(draft(), "--tp-size", "2"), None, "A100", ragged_self_check="fail")
+    assert static["learned_state"].startswith("nothing learned")
+
+
 def test_capture_batch_sizes():
     from sglang_dspark.engine.explain import GPUS, capture_batch_sizes, graph_token_tiers, parse_launch_args
 
@@ -600,6 +821,10 @@ def test_explain_cli_subcommand(draft, clean_env, capsys):
     assert args.func(args) == 0
     printed = json.loads(capsys.readouterr().out)
     assert tuple(printed) == OUTPUT_KEYS and printed["attention_backend"] == "flashinfer"
+    args = parser.parse_args(["explain", "--gpu", "L40S", "--flashinfer-version", "0.7.4", "--", *_argv(draft())])
+    assert args.func(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["verify_mode"] == "static" and printed["flashinfer"].startswith("0.7.4 (given)")
     bad = parser.parse_args(["explain", "--gpu", "Z9000", "--", *_argv(draft(name="other"))])
     assert bad.func(bad) == 2
     assert "unknown GPU" in capsys.readouterr().out

@@ -78,6 +78,14 @@ def pytest_configure(config):
         config.pluginmanager.register(_WorkerStarts())
 
 
+def pytest_collection_modifyitems(config, items):
+    """xdist's ``loadgroup`` keeps a group in one test process: a file is its own group unless it names a shared one
+    (files that share servers, e.g. ``xdist_group("tiny-dspark-default")``), so module fixtures are never set up twice."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 def pytest_terminal_summary(terminalreporter):
     if _STARTS_PER_FILE:
         total = sum(_STARTS_PER_FILE.values())

@@ -15,7 +15,8 @@ import pytest
 from sglang_dspark.loadtest.engine import admission_delta
 from sglang_dspark.testing.helpers import GREEDY, PROMPTS, assert_same_ids, dspark_args, generate_all
 
-pytestmark = pytest.mark.server
+# The pause and off servers are shared with the penalties file: one process.
+pytestmark = [pytest.mark.server, pytest.mark.xdist_group("tiny-draft-gate")]
 
 SAMPLED_MIX = {**GREEDY, "temperature": 0.8, "top_k": 20, "top_p": 0.9}
 

@@ -13,7 +13,8 @@ import pytest
 from sglang_dspark.testing.helpers import GREEDY, PROMPTS, assert_same_ids, dspark_args, generate_all, steep_sps_table
 from sglang_dspark.testing.server import chat
 
-pytestmark = pytest.mark.server
+# The session's default DSPARK server is shared with the admission, input-guard and load-test files: one process.
+pytestmark = [pytest.mark.server, pytest.mark.xdist_group("tiny-dspark-default")]
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +58,15 @@ def _running_request_limit(log: str) -> int:
     return int(re.search(r"max_running_requests=(\d+)", log).group(1))
 
 
-def test_cpu_dspark_takes_as_many_users_as_nospec(our_dspark, tiny_pair, shared_server):
+def test_cpu_dspark_takes_as_many_users_as_nospec(our_dspark, tiny_pair, launch):
     """Upstream caps speculative servers at 48 running requests (a GPU graph default); on the CPU ours keeps
     SGLang's own limit (patches/cpu_dspark.py B1b), and an explicit --max-running-requests still wins."""
     assert _running_request_limit(our_dspark["log"]) > 48
     assert "keeps SGLang's own max running requests" in our_dspark["log"]
-    server = shared_server(tiny_pair.target_dir, [*dspark_args(tiny_pair.draft_dir), "--max-running-requests", "6"])
-    out = generate_all(server, PROMPTS[:8], GREEDY, concurrency=8)
-    log = server.log_text()
+    # A private server: no other test uses this launch (a shared one would only push shared servers out of the pool).
+    with launch(tiny_pair.target_dir, [*dspark_args(tiny_pair.draft_dir), "--max-running-requests", "6"]) as server:
+        out = generate_all(server, PROMPTS[:8], GREEDY, concurrency=8)
+        log = server.log_text()
     assert _running_request_limit(log) == 6 and len(out) == 8
 
 
@@ -85,7 +87,7 @@ def test_openai_chat_and_streaming(our_dspark):
 
 
 @pytest.mark.parametrize("mode", ["static", "compact"])
-def test_upstream_worker_serves_on_cpu(mode, tiny_pair, shared_server, nospec_reference, tmp_path):
+def test_upstream_worker_serves_on_cpu(mode, tiny_pair, launch, nospec_reference, tmp_path):
     """Upstream's DSparkWorkerV2 (our subclass switched off) serves through our CPU platform, for side-by-side use.
 
     compact runs with a steep SPS table so that verify windows really are ragged (per-request lengths)."""
@@ -93,10 +95,10 @@ def test_upstream_worker_serves_on_cpu(mode, tiny_pair, shared_server, nospec_re
     args = dspark_args(tiny_pair.draft_dir)
     if mode == "compact":
         args += ["--speculative-dspark-sps-table-path", str(steep_sps_table(tmp_path / "sps.json"))]
-    server = shared_server(tiny_pair.target_dir, args, env=env)
-    results = generate_all(server, PROMPTS, GREEDY, concurrency=1)
-    concurrent_results = generate_all(server, PROMPTS, GREEDY, concurrency=8)
-    log = server.log_text()
+    with launch(tiny_pair.target_dir, args, env=env) as server:  # private: no other test uses this launch
+        results = generate_all(server, PROMPTS, GREEDY, concurrency=1)
+        concurrent_results = generate_all(server, PROMPTS, GREEDY, concurrency=8)
+        log = server.log_text()
     assert_same_ids([r["output_ids"] for r in results], nospec_reference["bs1"], f"upstream {mode}")
     assert_same_ids(
         [r["output_ids"] for r in concurrent_results], nospec_reference["bs8"], f"upstream {mode} 8 concurrent"

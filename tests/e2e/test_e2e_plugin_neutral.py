@@ -49,14 +49,15 @@ def test_plugin_filter_leaves_only_the_cpu_platform():
 
 
 @pytest.mark.parametrize("algorithm", ["plain", "NGRAM", "EAGLE"])
-def test_plugin_does_not_change_other_algorithms(algorithm, tiny_pair, tiny_eagle, shared_server, nospec_reference):
+def test_plugin_does_not_change_other_algorithms(algorithm, tiny_pair, tiny_eagle, launch, nospec_reference):
     args = algorithm_args(algorithm, tiny_eagle)
     outputs = {}
     for label, env in (("with", None), ("without", WITHOUT_DSPARK_PLUGIN)):
         if algorithm == "plain" and label == "with":
             outputs[label] = nospec_reference["bs1"]  # the session's no-spec server already has the plugin
             continue
-        outputs[label] = greedy_ids(shared_server(tiny_pair.target_dir, args, env=env))
+        with launch(tiny_pair.target_dir, args, env=env) as server:  # private: no other test uses these launches
+            outputs[label] = greedy_ids(server)
     assert outputs["with"] == outputs["without"]
     # Speculation is lossless on these algorithms too, so both equal the plain reference.
     assert outputs["with"] == nospec_reference["bs1"]

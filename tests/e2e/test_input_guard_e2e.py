@@ -17,7 +17,8 @@ import pytest
 from sglang_dspark.testing import fuzz_corpus as fc
 from sglang_dspark.testing.helpers import dspark_args
 
-pytestmark = pytest.mark.server
+# The session's default DSPARK server is shared with the admission, dspark and load-test files: one process.
+pytestmark = [pytest.mark.server, pytest.mark.xdist_group("tiny-dspark-default")]
 
 
 @pytest.fixture(scope="module", params=["nospec", "dspark"])

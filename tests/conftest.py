@@ -64,26 +64,49 @@ def pytest_sessionfinish(session):
         workeroutput["server_starts"] = dict(_STARTS_PER_FILE)
 
 
-class _WorkerStarts:
-    """xdist's hook (registered only where xdist is loaded: pytest refuses unknown hooks)."""
+# Files that share servers run in one test process, so each shared server starts once per run. (xdist's own
+# `loadgroup` marks do not work with pytest 9.2: xdist 3.8 rewrites `item._nodeid`, which pytest no longer reads.)
+SERVER_SHARING_FILES = {
+    "tiny-dspark-default": ("tests/e2e/test_e2e_admission.py", "tests/e2e/test_e2e_dspark.py",
+                            "tests/e2e/test_input_guard_e2e.py", "tests/e2e/test_loadtest_e2e.py"),
+    "tiny-draft-gate": ("tests/e2e/test_e2e_draft_gate.py", "tests/e2e/test_penalties_e2e.py"),
+}
+_GROUP_OF_FILE = {path: group for group, paths in SERVER_SHARING_FILES.items() for path in paths}
+
+
+def scheduling_unit(nodeid: str) -> str:
+    """What one test process takes whole: a file, or the group of files that share its servers."""
+    path = nodeid.split("::", 1)[0]
+    return _GROUP_OF_FILE.get(path, path)
+
+
+class _XdistHooks:
+    """xdist's hooks (registered only where xdist is loaded: pytest refuses unknown hooks)."""
 
     @staticmethod
     def pytest_testnodedown(node, error):
         for path, count in getattr(node, "workeroutput", {}).get("server_starts", {}).items():
             _STARTS_PER_FILE[path] = _STARTS_PER_FILE.get(path, 0) + count
 
+    @staticmethod
+    def pytest_xdist_make_scheduler(config, log):
+        from xdist.scheduler import LoadScopeScheduling
+
+        class FileGroupScheduling(LoadScopeScheduling):
+            """``--dist loadfile`` with the server-sharing files kept together (collection order kept:
+            ``--no-loadscope-reorder``)."""
+
+            def _split_scope(self, nodeid: str) -> str:
+                return scheduling_unit(nodeid)
+
+        return FileGroupScheduling(config, log)
+
 
 def pytest_configure(config):
     if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(_WorkerStarts())
+        config.pluginmanager.register(_XdistHooks())
 
 
-def pytest_collection_modifyitems(config, items):
-    """xdist's ``loadgroup`` keeps a group in one test process: a file is its own group unless it names a shared one
-    (files that share servers, e.g. ``xdist_group("tiny-dspark-default")``), so module fixtures are never set up twice."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -14,8 +14,8 @@ import pytest
 from sglang_dspark.loadtest import runner
 from sglang_dspark.testing.helpers import dspark_args
 
-# The session's default DSPARK server is shared with the admission, dspark and input-guard files: one process.
-pytestmark = [pytest.mark.server, pytest.mark.xdist_group("tiny-dspark-default")]
+# The session's default DSPARK server is shared with the admission, dspark and input-guard files: one test process (tests/conftest.py SERVER_SHARING_FILES).
+pytestmark = pytest.mark.server
 
 
 def test_short_sweep_against_a_tiny_dspark_server(tiny_pair, shared_server, tmp_path):

@@ -15,7 +15,8 @@ import pytest
 from sglang_dspark.profiler.engine_measurer import PROFILING_BUDGET_SECONDS
 from sglang_dspark.testing.helpers import GREEDY, PROMPTS, assert_same_ids, dspark_args, generate_all, steep_sps_table
 
-# The session's default DSPARK server is shared with the dspark, input-guard and load-test files: one test process (tests/conftest.py SERVER_SHARING_FILES).
+# The session's default DSPARK server is shared with the dspark, input-guard and load-test files:
+# one test process (tests/conftest.py SERVER_SHARING_FILES).
 pytestmark = pytest.mark.server
 
 

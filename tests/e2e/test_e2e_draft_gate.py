@@ -15,7 +15,8 @@ import pytest
 from sglang_dspark.loadtest.engine import admission_delta
 from sglang_dspark.testing.helpers import GREEDY, PROMPTS, assert_same_ids, dspark_args, generate_all
 
-# The pause and off servers are shared with the penalties file: one test process (tests/conftest.py SERVER_SHARING_FILES).
+# The pause and off servers are shared with the penalties file:
+# one test process (tests/conftest.py SERVER_SHARING_FILES).
 pytestmark = pytest.mark.server
 
 SAMPLED_MIX = {**GREEDY, "temperature": 0.8, "top_k": 20, "top_p": 0.9}

@@ -17,7 +17,8 @@ import pytest
 from sglang_dspark.testing import fuzz_corpus as fc
 from sglang_dspark.testing.helpers import dspark_args
 
-# The session's default DSPARK server is shared with the admission, dspark and load-test files: one test process (tests/conftest.py SERVER_SHARING_FILES).
+# The session's default DSPARK server is shared with the admission, dspark and load-test files:
+# one test process (tests/conftest.py SERVER_SHARING_FILES).
 pytestmark = pytest.mark.server
 
 

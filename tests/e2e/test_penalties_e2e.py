@@ -33,7 +33,8 @@ import pytest
 from sglang_dspark.testing.helpers import PROMPTS, dspark_args
 from sglang_dspark.testing.penalised_greedy import PenalisedGreedy
 
-# The pause and off servers are shared with the draft-gate file: one test process (tests/conftest.py SERVER_SHARING_FILES).
+# The pause and off servers are shared with the draft-gate file:
+# one test process (tests/conftest.py SERVER_SHARING_FILES).
 pytestmark = pytest.mark.server
 
 MAX_NEW_TOKENS = 32

@@ -11,13 +11,13 @@ pipeline stage or DP replica). Starting the processes (importing torch) is most 
 from __future__ import annotations
 
 import datetime
-import multiprocessing
-import queue
 import random
 import traceback
 
 import pytest
 import torch.distributed as dist
+
+from sglang_dspark.testing.gloo_world import spawn_ranks
 
 from sglang_dspark.profiler.probe_plan import build_table, fit_schedule_to_budget, make_probe_plan
 from sglang_dspark.profiler.sps_table import SpsTable
@@ -130,28 +130,7 @@ def rank_main(rank: int, world_size: int, init_file: str, results) -> None:
 
 
 def spawn_world(tmp_path, world_size: int) -> dict:
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    init_file = str(tmp_path / "rendezvous")
-    procs = [ctx.Process(target=rank_main, args=(rank, world_size, init_file, results))
-             for rank in range(world_size)]
-    for p in procs:
-        p.start()
-    outputs = {}
-    try:
-        for _ in procs:
-            rank, out = results.get(timeout=WAIT_SECONDS)
-            outputs[rank] = out
-    except queue.Empty:
-        pytest.fail(f"ranks {sorted(set(range(world_size)) - set(outputs))} did not finish in {WAIT_SECONDS} s")
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()  # only our own child, by its handle
-    for rank, out in outputs.items():
-        assert "crash" not in out, f"rank {rank}:\n{out['crash']}"
-    return outputs
+    return spawn_ranks(rank_main, world_size, tmp_path, WAIT_SECONDS)
 
 
 def check_group(by_rank: list[dict]) -> None:

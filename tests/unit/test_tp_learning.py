@@ -21,14 +21,14 @@ Starting the processes (importing torch and SGLang's planner) is most of the ~60
 from __future__ import annotations
 
 import datetime
-import multiprocessing
 import os
-import queue
 import random
 import traceback
 import types
 
 import pytest
+
+from sglang_dspark.testing.gloo_world import spawn_ranks
 
 GAMMA = 7
 CAPTURE_BS = [*range(1, 9), *range(10, 33, 2), 40, 44, 48]
@@ -266,27 +266,7 @@ def rank_main(rank: int, world_size: int, init_file: str, results) -> None:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict:
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    init_file = str(tmp_path_factory.mktemp("tp-learning") / "rendezvous")
-    procs = [ctx.Process(target=rank_main, args=(rank, WORLD, init_file, results)) for rank in range(WORLD)]
-    for p in procs:
-        p.start()
-    outputs = {}
-    try:
-        for _ in procs:
-            rank, out = results.get(timeout=WAIT_SECONDS)
-            outputs[rank] = out
-    except queue.Empty:
-        pytest.fail(f"ranks {sorted(set(range(WORLD)) - set(outputs))} did not finish in {WAIT_SECONDS} s")
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()  # only our own child, by its handle
-    for rank, out in outputs.items():
-        assert "crash" not in out, f"rank {rank}:\n{out['crash']}"
-    return outputs
+    return spawn_ranks(rank_main, WORLD, tmp_path_factory.mktemp("tp-learning"), WAIT_SECONDS)
 
 
 def _diverging_steps(world: dict, scenario: str, field: int) -> list[int]:

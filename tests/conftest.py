@@ -107,8 +107,6 @@ def pytest_configure(config):
         config.pluginmanager.register(_XdistHooks())
 
 
-
-
 def pytest_terminal_summary(terminalreporter):
     if _STARTS_PER_FILE:
         total = sum(_STARTS_PER_FILE.values())

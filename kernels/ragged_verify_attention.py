@@ -21,7 +21,7 @@ Which kernels run this on a GPU, and from which metadata (SGLang 0.5.23, ``sglan
 
 Our Triton version beside this reference, ``ragged_verify_attention_triton.py``, is what ``scripts/
 gpu_kernels_check.py`` measures on a bare GPU machine. In serving, SGLang's Triton backend keeps its own
-``extend_attention_fwd`` fed by our patch (tests/unit/test_ragged_verify_triton.py runs that kernel under
+``extend_attention_fwd`` fed by our patch (tests/unit/engine/test_ragged_verify_triton.py runs that kernel under
 ``TRITON_INTERPRET=1`` with the metadata our patch builds).
 
 This module must stay free of sglang imports (pure torch).
@@ -131,8 +131,9 @@ def ragged_verify_attention_torch(
     sm_scale: Optional[float] = None,
     logit_cap: float = 0.0,
     out: Optional[torch.Tensor] = None,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Paged causal ragged verify attention in float32 torch (a reference, one request at a time).
+    """Paged causal ragged verify attention in torch, float32 by default (a reference, one request at a time).
 
     Args:
       q: ``(num_rows, Hq, D)``; request ``r``'s rows are ``q[qo_indptr[r]:qo_indptr[r+1]]``. Rows past
@@ -145,8 +146,10 @@ def ragged_verify_attention_torch(
       prefix_lens: committed prefix per request (a TARGET_VERIFY batch's ``seq_lens``); verify_lens: rows per request.
       sm_scale: softmax scale, default ``1/sqrt(D)``; logit_cap: ``cap * tanh(s / cap)`` when > 0 (SGLang's soft cap).
       out: optional ``(num_rows, Hq, Dv)`` to write into (rows past ``sum(verify_lens)`` are left as they are).
+      compute_dtype: the dtype every product runs in (float64: an oracle that fp32 kernels' rounding can be
+        measured against).
 
-    Returns ``out`` (float32 when allocated here).
+    Returns ``out`` (``compute_dtype`` when allocated here).
     """
     if q.dim() != 3 or k_cache.dim() != 3 or v_cache.dim() != 3:
         raise ValueError("q, k_cache, v_cache must be (rows/slots, heads, head_dim)")
@@ -163,7 +166,7 @@ def ragged_verify_attention_torch(
     kv_lens = meta.kv_lens.tolist()
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
     if out is None:
-        out = torch.zeros((num_rows, hq, v_cache.shape[2]), dtype=torch.float32, device=q.device)
+        out = torch.zeros((num_rows, hq, v_cache.shape[2]), dtype=compute_dtype, device=q.device)
     pool_rows = torch.as_tensor(req_pool_indices).reshape(-1).tolist()
     for r, pool_row in enumerate(pool_rows):
         n_q = qo[r + 1] - qo[r]
@@ -171,9 +174,9 @@ def ragged_verify_attention_torch(
             continue
         kv_len = kv_lens[r]
         slots = req_to_token[pool_row, :kv_len].to(torch.long)
-        k = k_cache[slots].float().repeat_interleave(group, dim=1)  # (kv_len, Hq, D)
-        v = v_cache[slots].float().repeat_interleave(group, dim=1)
-        qr = q[qo[r]:qo[r + 1]].float()  # (n_q, Hq, D)
+        k = k_cache[slots].to(compute_dtype).repeat_interleave(group, dim=1)  # (kv_len, Hq, D)
+        v = v_cache[slots].to(compute_dtype).repeat_interleave(group, dim=1)
+        qr = q[qo[r]:qo[r + 1]].to(compute_dtype)  # (n_q, Hq, D)
         scores = torch.einsum("qhd,khd->hqk", qr, k) * scale
         if logit_cap > 0:
             scores = logit_cap * torch.tanh(scores / logit_cap)

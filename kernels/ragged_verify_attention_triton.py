@@ -102,6 +102,7 @@ def ragged_verify_attention_triton(
     logit_cap: float = 0.0,
     out: Optional[torch.Tensor] = None,
     block_n: int = 64,
+    input_precision: Optional[str] = None,
 ) -> torch.Tensor:
     """Ragged verify attention (see the module docstring); no host read of any length.
 
@@ -109,7 +110,9 @@ def ragged_verify_attention_triton(
     ``prefix_lens``/``req_pool_indices`` ``(S,)`` for ``S`` request slots (slots past the live requests repeat the
     last offset: no rows). ``max_q_len`` is a host bound on every request's rows (γ+1); a request with more rows is
     not allowed (its extra rows would not be written). ``out`` ``(rows, Hq, Dv)`` in ``q``'s dtype when allocated
-    here; rows not owned by any request are left as they are.
+    here; rows not owned by any request are left as they are. ``input_precision`` is ``tl.dot``'s (``"ieee"``,
+    ``"tf32"``, ...); default ``"ieee"`` for fp32 inputs, the tensor-core dot for bf16/fp16. The interpreter ignores
+    it (it multiplies in full fp32).
     """
     if q.dim() != 3 or k_cache.dim() != 3 or v_cache.dim() != 3:
         raise ValueError("q, k_cache, v_cache must be (rows/slots, heads, head_dim)")
@@ -140,7 +143,8 @@ def ragged_verify_attention_triton(
         GROUP=hq // hkv, HEAD_DIM=d, HEAD_DIM_V=dv,
         BLOCK_M=max(16, triton.next_power_of_2(int(max_q_len))), BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
-        HAS_CAP=logit_cap > 0, PRECISION="ieee" if q.dtype == torch.float32 or interpreted else "tf32",
+        HAS_CAP=logit_cap > 0,
+        PRECISION=input_precision or ("ieee" if q.dtype == torch.float32 or interpreted else "tf32"),
         DOT_F32=interpreted,
     )
     return out

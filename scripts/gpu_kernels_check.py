@@ -40,7 +40,8 @@ FP32_TOL = 1e-4
 CONTROL_MIN_ERR = 1e-1
 
 
-def _load(name: str, path: Path):
+def load_by_path(name: str, path: Path):
+    """Execute ``path`` as module ``name`` (registered in ``sys.modules``: dataclasses look their module up there)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -50,8 +51,8 @@ def _load(name: str, path: Path):
 
 def load_kernels():
     """(torch reference module, Triton module), loaded by path so that no package needs installing."""
-    reference = _load("dspark_ragged_verify_reference", REPO / "kernels" / "ragged_verify_attention.py")
-    triton_kernel = _load("dspark_ragged_verify_triton", REPO / "kernels" / "ragged_verify_attention_triton.py")
+    reference = load_by_path("dspark_ragged_verify_reference", REPO / "kernels" / "ragged_verify_attention.py")
+    triton_kernel = load_by_path("dspark_ragged_verify_triton", REPO / "kernels" / "ragged_verify_attention_triton.py")
     return reference, triton_kernel
 
 
@@ -254,19 +255,29 @@ def timing(kern, device: str, small: bool, report: dict) -> None:
                                          ratio=times["ragged"] / times["padded"]))
 
 
+def check_rows(report: dict) -> list[dict]:
+    """One row per checked claim (parity per dtype, graph replays, control): ``check``, ``cases``, ``worst_error``
+    (the control's error must *exceed* its bound), ``tolerance`` (text), ``ok``."""
+    rows = []
+    for dtype in ("bfloat16", "float32"):
+        cases = [c for c in report["parity"] if c["dtype"] == dtype]
+        rows.append(dict(check=f"parity {dtype}", cases=len(cases), worst_error=max(c["max_abs_err"] for c in cases),
+                         tolerance=f"{cases[0]['tol']:.0e}", ok=all(c["ok"] for c in cases)))
+    graph = report["graph"]
+    rows.append(dict(check="CUDA-graph replays, bf16 (lengths change every replay)", cases=len(graph),
+                     worst_error=max(c["max_abs_err"] for c in graph), tolerance=f"{BF16_TOL:.0e}",
+                     ok=all(c["ok"] for c in graph)))
+    control = report["control"]
+    rows.append(dict(check="control: uniform γ+1 stride must be wrong", cases=1, worst_error=control["max_abs_err"],
+                     tolerance=f"> {CONTROL_MIN_ERR:.0e}", ok=control["ok"]))
+    return rows
+
+
 def print_table(report: dict) -> None:
     print(f"device: {report['device_name']}  torch {report['torch']}  triton {report['triton']}")
     print("\n| check | cases | worst error (abs / (1 + abs(ref))) | tolerance | ok |\n| --- | --- | --- | --- | --- |")
-    for dtype in ("bfloat16", "float32"):
-        rows = [c for c in report["parity"] if c["dtype"] == dtype]
-        print(f"| parity {dtype} | {len(rows)} | {max(c['max_abs_err'] for c in rows):.2e} | {rows[0]['tol']:.0e} "
-              f"| {all(c['ok'] for c in rows)} |")
-    graph = report["graph"]
-    print(f"| CUDA-graph replays, bf16 (lengths change every replay) | {len(graph)} | "
-          f"{max(c['max_abs_err'] for c in graph):.2e} | {BF16_TOL:.0e} | {all(c['ok'] for c in graph)} |")
-    control = report["control"]
-    print(f"| control: uniform γ+1 stride must be wrong | 1 | {control['max_abs_err']:.2e} | > {CONTROL_MIN_ERR:.0e} "
-          f"| {control['ok']} |")
+    for row in check_rows(report):
+        print(f"| {row['check']} | {row['cases']} | {row['worst_error']:.2e} | {row['tolerance']} | {row['ok']} |")
     print("\n| requests | length mix | rows ragged / padded | ragged µs | padded µs | ragged / padded |\n"
           "| --- | --- | --- | --- | --- | --- |")
     for t in report["timing"]:
@@ -275,16 +286,23 @@ def print_table(report: dict) -> None:
     print(f"\nall checks ok: {report['ok']}  ({report['seconds']:.0f} s)")
 
 
+def device_problem(device: str) -> str | None:
+    """Why this process cannot run the checks on ``device`` (None: it can)."""
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "on the CPU run with TRITON_INTERPRET=1 (set before triton is imported)"
+    if device == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device: run on a GPU, or dry-run with TRITON_INTERPRET=1 ... --device cpu"
+    return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--json", default=None, help="also write the JSON report here")
     args = ap.parse_args(argv)
-    if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        print("on the CPU run with TRITON_INTERPRET=1 (set before triton is imported)", file=sys.stderr)
-        return 2
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: run on a GPU, or dry-run with TRITON_INTERPRET=1 ... --device cpu", file=sys.stderr)
+    problem = device_problem(args.device)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     import triton
 

@@ -84,9 +84,16 @@ HOT_VOCAB = Switch(
 RAGGED_SELF_CHECK = Switch(
     "SGLANG_DSPARK_RAGGED_SELF_CHECK", "auto",
     "GPU, triton / flashinfer attention: auto (default): open compact verify after our ragged-verify patch passed an "
-    "on-device check (run once per GPU and software, kept in the cache folder); off: static verify there; force: "
-    "re-run the check at this start",
+    "on-device check (run once per GPU and software, kept in the cache folder; a check past its time bound is kept as "
+    "static and retried 24 h later); off: static verify there; force: re-run the check at this start",
     ("auto", "off", "force"),
+)
+OVERLAP_PENALTIES = Switch(
+    "SGLANG_DSPARK_OVERLAP_PENALTIES", "exact",
+    "no-spec under SGLang's overlap scheduler: exact (default): frequency/presence/repetition/min_new_tokens count "
+    "each generated token before the next is sampled, as without overlap (patches/overlap_penalties.py); upstream: "
+    "SGLang's count, one token late (the first decode counts the last prompt token; comparisons)",
+    ("exact", "upstream"),
 )
 CPU_PLATFORM = Switch(
     "SGLANG_DSPARK_CPU_PLATFORM", "1",
@@ -121,8 +128,8 @@ STANDIN_TRACE = Switch(
 )
 
 SWITCHES: tuple[Switch, ...] = (
-    ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, PAUSE_KV, HOT_VOCAB, RAGGED_SELF_CHECK, CPU_PLATFORM, CPU_MARKOV_STEP,
-    CPU_LINEAR, CACHE, GATE_TRACE, STANDIN_TRACE,
+    ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, PAUSE_KV, HOT_VOCAB, RAGGED_SELF_CHECK, OVERLAP_PENALTIES, CPU_PLATFORM,
+    CPU_MARKOV_STEP, CPU_LINEAR, CACHE, GATE_TRACE, STANDIN_TRACE,
 )
 
 

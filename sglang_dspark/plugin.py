@@ -37,6 +37,12 @@ def register() -> None:
     from sglang_dspark.patches import spec_penalties
 
     spec_penalties.install()
+    # Exact penalties for no-spec under the overlap scheduler (issue #38): upstream counts each decode step's input
+    # token one step late there (the first decode counts the last prompt token).
+    if envs.OVERLAP_PENALTIES.get() == "exact":
+        from sglang_dspark.patches import overlap_penalties
+
+        overlap_penalties.install()
 
     # A speculative request clamped to the KV pool's edge would be aborted (HTTP 500) near its end: keep the room
     # a speculative decode step allocates (issue #15).

@@ -38,7 +38,7 @@ from tqdm import tqdm
 from sglang_dspark.scheduling.stats import ece_from_bins
 from sglang_dspark.draft.hot_vocab import HOT_VOCAB_FILE
 from sglang_dspark.engine.arg_resolution import SHIPPED_STS_NAME
-from sglang_dspark.testing.server import start_server
+from sglang_dspark.local_server import start_server
 
 HELD_OUT = Path(__file__).resolve().parent / "data" / "bigbench_heldout_prompts.jsonl"
 

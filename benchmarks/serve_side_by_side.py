@@ -24,7 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from sglang_dspark.loadtest.engine import measure_level
-from sglang_dspark.testing.server import start_server
+from sglang_dspark.local_server import start_server
 
 PROMPTS = [
     "def main():", "import os\nimport sys\n", "class Parser(object):\n    def __init__(self", "for i in range(10):",

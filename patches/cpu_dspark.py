@@ -26,10 +26,10 @@ import types
 import torch
 
 from sglang_dspark import envs
+from sglang_dspark.patches.install_once import install_once
 from sglang_dspark.version_guard import require_supported_sglang
 
 logger = logging.getLogger(__name__)
-_applied = False
 
 _FUSED_KV_WRITE = "sglang.srt.models.dspark.DSparkDraftMixin._fused_kv_write_bundle"
 _DFLASH_ATTENTION_INIT = "sglang.srt.models.dflash.DFlashAttention.__init__"
@@ -149,7 +149,7 @@ def markov_step_on_cpu(original, cls, **kwargs):
 
 def markov_step_is_ours() -> bool:
     """Whether the draft's Markov steps run :func:`markov_step_on_cpu` (CPU platform applied, not switched off)."""
-    return _applied and envs.CPU_MARKOV_STEP.get() != "upstream"
+    return apply.ran() and envs.CPU_MARKOV_STEP.get() != "upstream"
 
 
 def allow_intel_amx_draft_backend() -> None:
@@ -188,11 +188,9 @@ def declare_linear_chain_verify() -> None:
         DFlashVerifyInput.tree_topk = 1
 
 
+@install_once
 def apply() -> None:
     """All of the above, once per process (CPU platform only; refuses any SGLang but the pinned release)."""
-    global _applied
-    if _applied:
-        return
     require_supported_sglang()
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -208,5 +206,4 @@ def apply() -> None:
     exact_verify_filters.apply()  # min_p and top-k + top-p exact in sampled verify (see that module)
     if envs.CPU_MARKOV_STEP.get() != "upstream":
         HookRegistry.register(_MARKOV_SAMPLE_TORCH, markov_step_on_cpu, HookType.AROUND)
-    _applied = True
     logger.debug("sglang-dspark: CPU DSPARK patches applied")

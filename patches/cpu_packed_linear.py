@@ -47,6 +47,7 @@ from sglang_dspark.cpu.packed_linear import (
     packed_linear,
     packing_available,
 )
+from sglang_dspark.patches.install_once import install_once
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,6 @@ _WEIGHT_UPDATERS = tuple(
 _PACKED_ATTR = "_dspark_packed_weight"
 STACKED_CONTEXT_KV = "sglang.srt.models.dspark.DSparkDraftMixin._stacked_ctx_kv_params"
 DRAFT_MODEL_MODULE = "sglang.srt.models.dspark"
-_installed = False
 _generation = 0
 
 
@@ -138,7 +138,7 @@ def pack_draft_context_products(draft_model) -> int:
     """Called by our worker once the draft is loaded: the draft's plain ``torch.nn.Linear`` modules through packed
     weights (subclasses, which may compute something else, are left alone) and the draft model module's ``F`` routed
     (the stacked K/V projection). Returns how many modules; does nothing unless the hooks are installed."""
-    if not _installed:
+    if not installed():
         return 0
     _route_draft_model_functional()
     count = 0
@@ -188,14 +188,12 @@ def _route_draft_model_functional() -> None:
 
 def installed() -> bool:
     """Whether this process runs linears through packed weights (the draft's hot rows follow it)."""
-    return _installed
+    return install.result() is True
 
 
+@install_once
 def install() -> bool:
     """Register the hooks (once per process); False when this torch has no oneDNN linear or the switch says torch."""
-    global _installed
-    if _installed:
-        return True
     from sglang_dspark import envs
 
     if envs.CPU_LINEAR.get() == "torch":
@@ -210,5 +208,4 @@ def install() -> bool:
     for target in _WEIGHT_UPDATERS:
         HookRegistry.register(target, weights_changed, HookType.AFTER)
     HookRegistry.register(STACKED_CONTEXT_KV, attach_packed_copy, HookType.AFTER)
-    _installed = True
     return True

@@ -20,7 +20,7 @@ What SGLang 0.5.23 does (read from the source; measured with ``tests/e2e/test_sa
 * So besides min_p, top-k and top-p *together* differ too: upstream's verify applies top-p to the
   top-k-renormalised distribution ("top-k-first", ``dflash_utils.py:1072-1087``), the CPU sampler to the full one.
   Example: ``p = (0.4, 0.3, 0.3)``, ``top_k = 2``, ``top_p = 0.5``: the sampler keeps both top tokens
-  (0.4/0.7, 0.3/0.7), upstream's verify only the first (tests/unit/test_exact_verify_filters.py).
+  (0.4/0.7, 0.3/0.7), upstream's verify only the first (tests/unit/patches/test_exact_verify_filters.py).
 
 What this module does (``apply()``; called from ``patches/cpu_dspark.py`` ``apply()``, so CPU platform only):
 an AROUND hook on ``_accept_sampling_core``. When the batch needs min_p, or top-k and top-p together, it computes
@@ -47,8 +47,9 @@ import logging
 
 import torch
 
+from sglang_dspark.patches.install_once import install_once
+
 logger = logging.getLogger(__name__)
-_applied = False
 _noted = False
 
 ACCEPT_SAMPLING_CORE = "sglang.kernels.ops.speculative.dspark.dspark_accept._accept_sampling_core"
@@ -141,11 +142,8 @@ def accept_sampling_core_exact(original, *args, **kwargs):
     return original(*args, **kwargs)
 
 
+@install_once
 def apply() -> None:
-    global _applied
-    if _applied:
-        return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(ACCEPT_SAMPLING_CORE, accept_sampling_core_exact, HookType.AROUND)
-    _applied = True

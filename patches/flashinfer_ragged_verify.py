@@ -4,7 +4,7 @@ Installed (``apply()``, by ``plugin.register`` in the scheduler processes) only 
 flashinfer with CUDA graphs, which it does only after this patch passed the on-device self-check at start-up
 (``engine/ragged_self_check.py``: the FlashInfer half of ``engine/ragged_verify_parity.py`` on the GPU, cached per GPU
 and software); otherwise flashinfer stays static under graphs. FlashInfer's JIT kernels need a GPU, so only the host
-side below is tested on the CPU (tests/unit/test_ragged_verify_flashinfer.py); ``GPU_CHECKS`` lists what a
+side below is tested on the CPU (tests/unit/engine/test_ragged_verify_flashinfer.py); ``GPU_CHECKS`` lists what a
 maintainer's GPU run adds (scripts/gpu_smoke.sh).
 
 Upstream (paths under ``sglang/srt/`` unless ``FI:`` = flashinfer 0.7.4):
@@ -69,6 +69,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from sglang_dspark.kernels.ragged_verify_attention import pad_verify_lens_host
+from sglang_dspark.patches.install_once import install_once
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,6 @@ GPU_CHECKS = (
     "throughput: compact graphs vs static graphs with --attention-backend flashinfer at c = 1, 16 (tok/s)",
 )
 
-_applied = False
-_fix_installed = False
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -421,22 +420,19 @@ def generate_attn_arg_prefill_device_only_layouts(original, self, *args, **kwarg
         self.ragged_verify_layout = layout
 
 
+@install_once
 def install_device_only_layout_fix() -> None:
     """Register only the device-only layout fix (once per process; on every backend: it acts only on a device-only
     layout in eager mode, where upstream raises)."""
-    global _fix_installed
-    if _fix_installed:
-        return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(GENERATE_ATTN_ARG_TARGET, generate_attn_arg_prefill_device_only_layouts, HookType.AROUND)
-    _fix_installed = True
 
 
+@install_once
 def apply() -> Optional[type]:
     """Register the FlashInfer ragged-verify graph patch (plugin.register calls it only where the launcher exported
     flashinfer after a passed self-check, engine/ragged_self_check.py). Returns the class."""
-    global _applied
     from sglang_dspark.version_guard import require_supported_sglang
 
     require_supported_sglang()
@@ -445,8 +441,6 @@ def apply() -> Optional[type]:
     except Exception as exc:  # noqa: BLE001
         logger.debug("sglang-dspark: flashinfer ragged verify not applied (%r)", exc)
         return None
-    if _applied:
-        return FlashInferAttnBackend
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     for name in ("init_forward_metadata_out_graph", "_create_prefill_wrappers", "get_cuda_graph_seq_len_fill_value"):
@@ -455,7 +449,6 @@ def apply() -> Optional[type]:
     HookRegistry.register(GRAPH_METADATA_TARGET, init_forward_metadata_out_graph_with_ragged_verify, HookType.AROUND)
     install_device_only_layout_fix()
     FlashInferAttnBackend.supports_ragged_verify_graph = property(supports_ragged_verify_graph)
-    _applied = True
     return FlashInferAttnBackend
 
 

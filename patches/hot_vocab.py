@@ -37,9 +37,9 @@ from sglang_dspark.draft.hot_vocab import (
     hot_markov_block,
     widen,
 )
+from sglang_dspark.patches.install_once import install_once
 
 logger = logging.getLogger(__name__)
-_installed = False
 
 COMPUTE_BASE_LOGITS = "sglang.srt.models.dspark.DSparkDraftMixin.compute_base_logits"
 MARKOV_STEP_BIAS = "sglang.srt.models.dspark.VanillaMarkov.step_bias"
@@ -188,7 +188,7 @@ def attach_hot_vocab(draft_model, hot: HotVocab) -> Optional[str]:
     reason = hot_vocab_blocker(draft_model, hot)
     if reason is not None:
         return reason
-    if not _installed:
+    if not install.ran():
         return "the hot-vocabulary hooks are not installed (the sglang-dspark plugin did not load)"
     lm_weight = draft_model.lm_head.weight
     head = draft_model.markov_head
@@ -200,14 +200,11 @@ def attach_hot_vocab(draft_model, hot: HotVocab) -> Optional[str]:
     return None
 
 
+@install_once
 def install() -> None:
-    global _installed
-    if _installed:
-        return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(COMPUTE_BASE_LOGITS, compute_base_logits_over_hot_vocab, HookType.AROUND)
     HookRegistry.register(MARKOV_STEP_BIAS, step_bias_over_hot_vocab, HookType.AROUND)
     HookRegistry.register(MARKOV_GREEDY_W2, greedy_w2_weight_unless_hot, HookType.AROUND)
     HookRegistry.register(SAMPLE_DRAFT_BLOCK, sample_draft_block_in_hot_space, HookType.AROUND)
-    _installed = True

@@ -91,6 +91,8 @@ import math
 import re
 from typing import Any, Optional, Sequence
 
+from sglang_dspark.patches.install_once import install_once
+
 logger = logging.getLogger(__name__)
 
 TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
@@ -439,7 +441,6 @@ async def guard_serve_generate_request(original, obj, request, *args, **kwargs):
     return await original(obj, request, *args, **kwargs)
 
 
-_installed = False
 
 
 def _check_targets(targets: dict) -> None:
@@ -462,6 +463,7 @@ def _is_launcher_process() -> bool:
     return multiprocessing.parent_process() is None
 
 
+@install_once
 def install() -> None:
     """Register the guard's hooks; SGLang's ``load_plugins`` applies them right after the plugins ran.
 
@@ -469,9 +471,6 @@ def install() -> None:
     ``sglang.launch_server`` and ``Engine``; the module is small). The HTTP-layer hook only in the launcher, so
     the scheduler and detokenizer never import the HTTP server.
     """
-    global _installed
-    if _installed:
-        return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from sglang_dspark.version_guard import require_supported_sglang
@@ -486,5 +485,4 @@ def install() -> None:
     _check_targets({target: params for target, params, _, _ in hooks})
     for target, _, hook, hook_type in hooks:
         HookRegistry.register(target, hook, hook_type)
-    _installed = True
     logger.debug("sglang-dspark: input guard installed (%d hooks)", len(hooks))

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import logging
 
+from sglang_dspark.patches.install_once import install_once
+
 logger = logging.getLogger(__name__)
-_installed = False
 
 INIT_REQ_MAX_NEW_TOKENS = "sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens"
 
@@ -58,11 +59,8 @@ def init_req_max_new_tokens_with_headroom(original, self, req):
     return result
 
 
+@install_once
 def install() -> None:
-    global _installed
-    if _installed:
-        return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(INIT_REQ_MAX_NEW_TOKENS, init_req_max_new_tokens_with_headroom, HookType.AROUND)
-    _installed = True

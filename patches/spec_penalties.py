@@ -52,9 +52,9 @@ import logging
 import torch
 
 from sglang_dspark.kernels.verify_penalties import PenaltyState, cumulate_committed_tokens, penalize_verify_window
+from sglang_dspark.patches.install_once import install_once
 
 logger = logging.getLogger(__name__)
-_installed = False
 
 STATE_ATTR = "_dspark_penalty_state"
 FED_ATTR = "_dspark_penalty_fed"
@@ -227,11 +227,9 @@ def adjustments_noop_unless_penalised(original, sampling_info, *args, **kwargs):
     return original(sampling_info, *args, **kwargs)
 
 
+@install_once
 def install() -> None:
     """Register the hooks (every SGLang process; they act only on DSPARK batches with penalties)."""
-    global _installed
-    if _installed:
-        return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(_PREPARE_FOR_EXTEND, remember_prefilled_outputs, HookType.AFTER)
@@ -241,5 +239,4 @@ def install() -> None:
     HookRegistry.register(_RUN_NON_COMPACT, run_non_compact_with_penalties, HookType.AROUND)
     HookRegistry.register(_RUN_COMPACT, run_compact_with_penalties, HookType.AROUND)
     HookRegistry.register(_ADJUSTMENTS_NOOP, adjustments_noop_unless_penalised, HookType.AROUND)
-    _installed = True
     logger.debug("sglang-dspark: exact DSPARK penalties installed")

@@ -56,6 +56,8 @@ from typing import Any, Optional
 
 import torch
 
+from sglang_dspark.patches.install_once import install_once
+
 logger = logging.getLogger(__name__)
 
 BACKEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
@@ -69,7 +71,6 @@ FORWARD_EXTEND_TARGET = f"{BACKEND}.forward_extend"
 _RAGGED_ATTR = "_dspark_ragged_extend"  # on ForwardMetadata: (extend_seq_lens, extend_start_loc) of the layout
 _LENS_BUFFER_ATTR = "_dspark_ragged_extend_lens_buf"  # on the backend: fixed int32 row lengths (graph mode)
 
-_applied = False
 
 
 def ragged_layout_of(forward_mode: Any, spec_info: Any):
@@ -218,10 +219,10 @@ def hook_table() -> list[tuple[str, Any]]:
     return hooks
 
 
+@install_once
 def apply() -> Optional[type]:
     """Register the hooks and open ``supports_ragged_verify_graph`` (once per process; refuses any SGLang but the
     pinned release). Returns the patched class, or None where SGLang's Triton backend cannot be imported."""
-    global _applied
     from sglang_dspark.version_guard import require_supported_sglang
 
     require_supported_sglang()
@@ -230,8 +231,6 @@ def apply() -> Optional[type]:
     except Exception as exc:  # noqa: BLE001 - no triton backend on this platform: nothing to patch
         logger.debug("sglang-dspark: triton ragged verify not applied (%r)", exc)
         return None
-    if _applied:
-        return TritonAttnBackend
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     hooks = hook_table()
@@ -241,7 +240,6 @@ def apply() -> Optional[type]:
     for target, hook in hooks:
         HookRegistry.register(target, hook, HookType.AROUND)
     TritonAttnBackend.supports_ragged_verify_graph = True
-    _applied = True
     logger.debug("sglang-dspark: triton ragged verify hooks registered (%d)", len(hooks))
     return TritonAttnBackend
 

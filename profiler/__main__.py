@@ -72,7 +72,7 @@ def plot_table(table: SpsTable, out: "str | Path", title: Optional[str] = None) 
 
 def profile_served_model(launch_args: Sequence[str], timeout: float = 900) -> SpsTable:
     """Start one DSPARK server with a private cache folder, let its worker profile SPS at start-up, read the table."""
-    from sglang_dspark.testing.server import start_server
+    from sglang_dspark.local_server import start_server
 
     args = list(launch_args)
     if "--model-path" not in args:

@@ -475,14 +475,6 @@ class SpsTable:
             raise SpsTableError(f"SPS table is not valid JSON: {exc}") from exc
         return cls.from_dict(data, source=source, strict=strict)
 
-    @classmethod
-    def from_upstream(cls, obj: Any, *, max_requests: Optional[int] = None) -> "SpsTable":
-        """Convert SGLang's ``SpsCostTable`` / ``SpsAdditiveCostTable`` (JSON text, dict or struct); see
-        :mod:`sglang_dspark.profiler.upstream_sps`."""
-        from sglang_dspark.profiler.upstream_sps import table_from_upstream
-
-        return table_from_upstream(obj, max_requests=max_requests)
-
     def summary(self, *, now: Optional[float] = None) -> dict[str, Any]:
         """A JSON-ready description for /server_info."""
         now = time.time() if now is None else now

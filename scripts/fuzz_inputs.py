@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from sglang_dspark.testing import fuzz_corpus as fc
-from sglang_dspark.testing.server import start_server
+from sglang_dspark.local_server import start_server
 
 EXTREMES = {
     # JSON carries no NaN/inf (SGLang's parser refuses them); 1e308 becomes inf in float32 tensors.

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     parser.add_argument("--log-dir", help="server log folder (default: a temp folder)")
     args = parser.parse_args(argv)
 
-    from sglang_dspark.testing.server import start_server
+    from sglang_dspark.local_server import start_server
     from sglang_dspark.testing.soak import SoakConfig, run_soak
 
     work = Path(tempfile.mkdtemp(prefix="sglang-dspark-soak-"))

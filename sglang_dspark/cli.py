@@ -17,7 +17,7 @@ import time
 
 def _demo(args: argparse.Namespace) -> int:
     from sglang_dspark.embedded.defaults import ensure_default_pair
-    from sglang_dspark.testing.server import chat, start_server
+    from sglang_dspark.local_server import chat, start_server
 
     target, draft = (args.model_path, args.draft_model_path) if args.model_path else ensure_default_pair()
     # --dtype float32: SGLang's "auto" would serve a float32 checkpoint in float16.

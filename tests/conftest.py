@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sglang_dspark.testing.helpers import greedy_ids
-from sglang_dspark.testing.server import start_server
+from sglang_dspark.local_server import start_server
 from sglang_dspark.testing.server_pool import ServerPool
 
 # Servers handed to the tests of each file (private or shared, module fixtures included): a failed test's report

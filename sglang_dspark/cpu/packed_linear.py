@@ -7,7 +7,7 @@ verified token), so on the CPU verifying one draft token cost almost a second de
 oneDNN's linear with the weight reordered once into its blocked layout (``torch.ops.mkldnn._reorder_linear_weight`` /
 ``_linear_pointwise``, the ops torch.compile's CPU backend emits) reads the weight once per call: nearly flat up to
 M = 8, and faster than MKL at M = 1 too. ``python -m sglang_dspark.cpu.packed_linear`` prints both for SmolLM2-135M's
-shapes (docs/cpu.md quotes a run); ``tests/unit/test_packed_linear.py`` holds the parity.
+shapes (docs/cpu.md quotes a run); ``tests/unit/cpu/test_packed_linear.py`` holds the parity.
 
 An output row comes out bit-identical whatever the other rows (checked in the tests), so a verify row equals the
 decode row of the same input, which plain MKL did not promise, and padding a product to its row bucket changes none

@@ -15,7 +15,7 @@ re-classed) keeps the logits at one row per request on such steps and accepts fr
   lengths and the (R × width) out tokens exactly as upstream.
 
 Greedy output is the target's argmax either way, so no token changes; a sampled token has the same law as upstream's
-(``tests/unit/test_anchor_only_verify.py`` compares the two samplers). The fast path is taken only where nothing
+(``tests/unit/engine/test_anchor_only_verify.py`` compares the two samplers). The fast path is taken only where nothing
 downstream reads the strided logits (:func:`compact_anchor_step_eligible`); any other step runs upstream's code.
 """
 
@@ -29,6 +29,8 @@ from sglang.srt.speculative.dspark_components import dspark_verify
 from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResult
 from sglang.srt.speculative.dspark_components.dspark_verify import TargetVerifyExecutor, build_accept_outs
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
+
+from sglang_dspark.engine.step_plan import CurrentStep
 
 
 def compact_anchor_step_eligible(worker, batch) -> bool:
@@ -52,14 +54,14 @@ def compact_anchor_step_eligible(worker, batch) -> bool:
 
 
 class AnchorOnlyVerifyExecutor(TargetVerifyExecutor):
-    """Upstream's verify executor plus a compact anchor-only step (module docstring); ``compact_anchor_step`` is
-    set by the worker for one step at a time, after :func:`compact_anchor_step_eligible`."""
+    """Upstream's verify executor plus a compact anchor-only step (module docstring), taken on steps planned so
+    (``StepPlan.compact_anchor``, after :func:`compact_anchor_step_eligible`)."""
 
-    compact_anchor_step = False
+    step = CurrentStep()  # the worker's, shared when the gate is installed (engine/step_plan.py)
 
     def run_compact(self, *, batch, layout, draft_block_ids, draft_tokens, bs, device, sampling_info,
                     verify_window, inject_gate=False):
-        if not self.compact_anchor_step:
+        if not self.step.plan.compact_anchor:
             return super().run_compact(
                 batch=batch, layout=layout, draft_block_ids=draft_block_ids, draft_tokens=draft_tokens, bs=bs,
                 device=device, sampling_info=sampling_info, verify_window=verify_window, inject_gate=inject_gate,
@@ -89,7 +91,7 @@ class AnchorOnlyVerifyExecutor(TargetVerifyExecutor):
 
     def accept_and_finalize(self, *, folded_accept, bs, verify_ids_2d, target_logits, draft_block, sampling_info,
                             draft_input, layout, prefix_lens, draft_tokens, simulate_bonus_sampling_info=None):
-        if not self.compact_anchor_step:
+        if not self.step.plan.compact_anchor:
             return super().accept_and_finalize(
                 folded_accept=folded_accept, bs=bs, verify_ids_2d=verify_ids_2d, target_logits=target_logits,
                 draft_block=draft_block, sampling_info=sampling_info, draft_input=draft_input, layout=layout,

@@ -24,7 +24,7 @@ worker (``SGLANG_DSPARK_WORKER=upstream``) keeps upstream's planner.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from sglang.srt.speculative.dspark_components import dspark_planner
@@ -40,9 +40,10 @@ from sglang_dspark.engine.gate_trace import GateTrace
 from sglang_dspark.engine.rank_learning import RankLearning, decide_rank_learning, parallel_facts
 from sglang_dspark.engine.step_record import StepRecord
 from sglang_dspark.engine.verify_mode import PLUGIN_SPS_PROBES_DP_ATTENTION, SPS_PROBES_DP_ATTENTION_SKIPPED
-from sglang_dspark.profiler.step_overhead import DraftedAndPlainOverheads, OverheadAdjustedCost
-from sglang_dspark.profiler.table_trust import TableAgreement
-from sglang_dspark.scheduling.draft_gate import DraftGate, GateDecision, SurvivalPrior
+from sglang_dspark.profiler.step_costs import StepCosts
+from sglang_dspark.engine.step_plan import DRAFTED, CurrentStep, StepPlan
+from sglang_dspark.scheduling.acceptance import SurvivalPrior
+from sglang_dspark.scheduling.draft_gate import DraftGate, ForcedGate, GateDecision, make_draft_gate
 from sglang_dspark.scheduling.policy import AdmissionPolicy
 from sglang_dspark.scheduling.stats import get_admission_stats
 
@@ -82,24 +83,19 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
     cost = None
     policy: AdmissionPolicy
     survival_prior: Optional[SurvivalPrior] = None
-    # Set by the verify planner around a gated step: the gate's decision from this step's survivals (overlap path).
-    decide_draft = None
-    gate_decision: Optional[GateDecision] = None
-    # The lagged survivals of the last compute_budget ([R, γ]), for the draft gate of the same step (overlap path).
-    last_survival: Optional[torch.Tensor] = None
-    # Which rows of the last survivals came from a confidence of the request itself ([R] bool; the others read the
-    # survival prior, or upstream's 1 before any draft ran).
-    last_known_rows: Optional[torch.Tensor] = None
 
     def _two_steps_prior_survival(self, *, lagged_confidence, lagged_generation, current_generation):
-        # Upstream's rule (rows of the current request generation are known); the mask is kept for the draft gate.
-        current = current_generation.to(torch.int64)
-        self.last_known_rows = (current >= 1) & (lagged_generation.to(torch.int64) == current)
-        return super()._two_steps_prior_survival(
+        survival = super()._two_steps_prior_survival(
             lagged_confidence=lagged_confidence,
             lagged_generation=lagged_generation,
             current_generation=current_generation,
         )
+        if self.survival_prior is None:
+            return survival
+        # Upstream's rule for which rows are known: the lagged confidence is of the current request generation.
+        current = current_generation.to(torch.int64)
+        known = (current >= 1) & (lagged_generation.to(torch.int64) == current)
+        return self.survival_prior.fill(survival, known)
 
     def latest_survival(self, *, req_pool_indices_cpu, current_generation) -> Optional[torch.Tensor]:
         """Survivals from the newest confidences in the host carry ring (the synchronous path), without shifting it.
@@ -110,48 +106,46 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
             return None
         slot = (self._carry_pos - 1) % self.carry_steps
         rows = req_pool_indices_cpu.to(torch.int64)
-        survival = self._two_steps_prior_survival(
+        return self._two_steps_prior_survival(
             lagged_confidence=self._carry_confidence[slot, rows],
             lagged_generation=self._carry_generation[slot, rows],
             current_generation=current_generation,
         )
-        return self._with_prior(survival)
 
-    def _with_prior(self, survival: torch.Tensor) -> torch.Tensor:
-        """Rows without a confidence of their own read the survival prior (both paths hand the gate filled rows)."""
-        if self.survival_prior is None:
-            return survival
-        return self.survival_prior.fill(survival, self.last_known_rows)
-
-    def compute_budget(self, *, confidence, generation, current_generation, req_pool_indices_cpu) -> int:
+    def lagged_survival(self, *, confidence, generation, current_generation, req_pool_indices_cpu) -> torch.Tensor:
+        """``[R, γ]`` survivals two steps back (rows of no confidence of their own: the prior), shifting the lag."""
         lagged_confidence, lagged_generation = self._shift_to_lag(
             confidence=confidence, generation=generation, req_pool_indices_cpu=req_pool_indices_cpu
         )
-        survival = self._two_steps_prior_survival(
+        return self._two_steps_prior_survival(
             lagged_confidence=lagged_confidence,
             lagged_generation=lagged_generation,
             current_generation=current_generation,
         )
-        survival = self._with_prior(survival)
-        self.last_survival = survival
+
+    def budget_for(self, survival: torch.Tensor, decision: Optional[GateDecision] = None) -> int:
+        """The step's budget K: 0 for a step the gate skips (no capacity search); the gate's own search where it read
+        these survivals with the served cost (``GateDecision.budget``); else the policy's."""
         num_requests, gamma = survival.shape
-        self.gate_decision = None
-        if self.forced_budget_frac is not None:  # upstream's /update knob keeps working
+        if decision is not None and not decision.draft:
+            budget = 0
+        elif self.forced_budget_frac is not None:  # upstream's /update knob keeps working
             budget = max(0, int(float(self.forced_budget_frac) * num_requests * gamma))
+        elif decision is not None and decision.budget is not None and self.policy.name == "async":
+            budget = decision.budget
         else:
-            # The draft gate decides first: a step it skips verifies the anchors only, so the capacity search (as
-            # costly as the gate's own) is not run for it.
-            if self.decide_draft is not None:
-                self.gate_decision = self.decide_draft(survival, num_requests)
-            if self.gate_decision is not None and not self.gate_decision.draft:
-                budget = 0
-            else:
-                budget = self.policy.capacity(survival, self.cost, num_requests)
+            budget = self.policy.capacity(survival, self.cost, num_requests)
         sps = float(self.cost.steps_per_second(num_requests, num_requests + budget))
         self.last_decision = VerifyBudgetDecision(
             budget=budget, predicted_step_seconds=1.0 / sps if sps > 0 else None
         )
         return budget
+
+    def compute_budget(self, *, confidence, generation, current_generation, req_pool_indices_cpu) -> int:
+        survival = self.lagged_survival(confidence=confidence, generation=generation,
+                                        current_generation=current_generation,
+                                        req_pool_indices_cpu=req_pool_indices_cpu)
+        return self.budget_for(survival)
 
 
 class AdmissionVerifyPlanner(DSparkVerifyPlanner):
@@ -163,20 +157,16 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         super().__init__(**kwargs)
         self.policy = AdmissionPolicy.from_env()
         self.sps_table = None
-        # Non-verify time of a step: a level every step teaches plus the draft block, learned from a drafted and a
-        # plain step in a row (profiler/step_overhead.py). Signed: the level also corrects the table's for the steps
-        # served.
-        self.overheads = DraftedAndPlainOverheads()
-        self.draft_gate: Optional[DraftGate] = None  # set by enable_draft_gate (our worker decides if it applies)
+        # The profiled table plus what served steps teach (profiler/step_costs.py); set by install_sps_table.
+        self.step_costs: Optional[StepCosts] = None
+        # Set by enable_draft_gate (our worker decides if it applies); None: every decode step drafts.
+        self.draft_gate: Optional[Union[DraftGate, ForcedGate]] = None
         self.survival_prior = SurvivalPrior()  # the gate's survivals for requests not drafted for yet
-        self._gate_pending = None  # (draft_input, GateDecision) decided in prepare_verify_budget (overlap path)
-        self.anchor_only = False  # this step skips the draft: verify the anchors only
-        self.step_choice = None  # the gate's DraftChoice for the step being run (None: no gate or no choice)
+        self._decided_in_prepare = None  # (draft_input, GateDecision) of prepare_verify_budget, for plan_for
+        self.step = CurrentStep()  # the plan of the step being run; the worker shares its own (engine/step_plan.py)
         self.compact_anchor_steps = 0  # skipped steps whose verify kept one logits row per request
         self.plain_decode_steps = 0  # of those, steps run as SGLang's decode step (engine/plain_decode_step.py)
         self.pending_context_kv = None  # their draft-KV rows held for one batched write (engine/pending_context_kv.py)
-        self.step_cost = None  # profiled verify cost + learned step overhead; set by install_sps_table
-        self.table_agreement = TableAgreement()  # online check of the table against the steps served
         self.last_confidence: Optional[torch.Tensor] = None
         self.gate_trace = GateTrace.from_env()  # SGLANG_DSPARK_GATE_TRACE: one line per decode step, for diagnosis
         self._stats_error_logged = False
@@ -245,12 +235,11 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             self._fall_back_to_verify_all()
             return
         self.sps_table = obtained.table
-        self.step_cost = OverheadAdjustedCost(self.sps_table, self.overheads.drafted)
+        self.step_costs = StepCosts(self.sps_table, source=obtained.source)
         # Under TP (or any layout where several ranks must agree on each step's budget, and so its graph tier) every
         # rank computes the budget on its own host: whatever step records and local step times teach stays off there.
         self._apply_rank_learning(decide_rank_learning(parallel_facts(get_parallel())))
-        self.table_agreement = TableAgreement(source=obtained.source)
-        self._budget_planner.cost = self.step_cost
+        self._budget_planner.cost = self.step_costs.drafted
         summary = self.sps_table.summary()
         get_admission_stats().set_sps_summary(summary)
         logger.info(
@@ -283,66 +272,92 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
 
     # ------------------------------------------------------------------ draft gate
 
+    def draft_gate_blocker(self, *, deferred_commit: bool) -> Optional[str]:
+        """Why the draft gate cannot run on this server (None: it can)."""
+        if self._budget_planner is None or self.policy.name not in ("async", "exact"):
+            return f"admission policy {self.policy.name!r} (the gate needs async or exact)"
+        if not self.is_compact_mode:
+            return f"verify mode {self.mode_value!r} (the gate needs compact)"
+        if self.sps_table is None:
+            return "no SPS table"
+        # Every rank must take the same decision: the gate learns from per-rank step records and times, and a MoE
+        # draft's forward joins collectives across DP ranks. The one switch for every learned input
+        # (engine/rank_learning.py).
+        from sglang.srt.runtime_context import get_parallel
+
+        learning = self.rank_learning or decide_rank_learning(parallel_facts(get_parallel()))
+        if not learning.enabled:
+            return learning.reason
+        if deferred_commit:
+            return "deferred context-KV commit (SGLANG_DSPARK_DEFER_CONTEXT_KV)"
+        return None
+
     def enable_draft_gate(self, mode: str) -> None:
-        self.draft_gate = DraftGate(mode)
+        self.draft_gate = make_draft_gate(mode)
         # Read when /server_info or the metrics ask, not rebuilt on every decode step.
         get_admission_stats().set_draft_gate(self._gate_state)
 
-    def prepare_verify_budget(self, batch, future_map) -> None:
-        """Overlap path: the budget of the next step, on the host before its forward; the gate decides here too."""
-        draft_input = batch.spec_info
-        gated = not (
+    def _gates(self, batch) -> bool:
+        """Whether the gate decides this decode step (a grammar step always drafts: its mask reads the draft)."""
+        return not (
             self.draft_gate is None
-            or draft_input is None
+            or batch.spec_info is None
             or batch.forward_mode.is_extend()
             or batch.is_extend_in_batch
             or batch.batch_size() == 0
             or batch.has_grammar
         )
-        planner = self._budget_planner
-        if planner is not None:
-            planner.last_survival = None
-            planner.last_known_rows = None
-            planner.gate_decision = None
-            planner.decide_draft = self._decide if gated else None
-        try:
-            super().prepare_verify_budget(batch, future_map)
-        finally:
-            if planner is not None:
-                planner.decide_draft = None
-        if not gated:
-            return
-        # Decided inside compute_budget, before its capacity search; else (forced budget, no resolved confidences) here.
-        decision = planner.gate_decision if planner is not None else None
-        if decision is None:
-            decision = self._decide(planner.last_survival if planner is not None else None, batch.batch_size())
-        self._gate_pending = (draft_input, decision)
-        if not decision.draft:
-            draft_input.verify_token_budget = 0
-            batch.spec_verify_tier_num_tokens = local_verify_tier_num_tokens(
-                bs=batch.batch_size(),
-                verify_token_budget=0,
-                verify_num_draft_tokens=self.verify_num_draft_tokens,
-                min_verify_len=self._schedule_cfg.min_verify_len,
+
+    def prepare_verify_budget(self, batch, future_map) -> None:
+        """Overlap path: the next step's budget, on the host before its forward. On a gated step the gate decides
+        here, from the survivals the budget reads, before the capacity search (a skipped step runs none, a drafted
+        one at most one); other steps are upstream's."""
+        self._decided_in_prepare = None
+        if not self._gates(batch):
+            return super().prepare_verify_budget(batch, future_map)
+        draft_input = batch.spec_info
+        resolved = future_map.resolve_confidence_cpu(batch)
+        survival = None
+        if resolved is None:
+            self._budget_planner.note_non_decode_step()
+        else:
+            rows = batch.req_pool_indices_cpu
+            survival = self._budget_planner.lagged_survival(
+                confidence=resolved.confidence,
+                generation=resolved.generation,
+                current_generation=self.model_runner.req_to_token_pool.req_generation[rows.to(torch.int64)],
+                req_pool_indices_cpu=rows,
             )
+        decision = self._decide(survival, batch.batch_size())
+        self._decided_in_prepare = (draft_input, decision)
+        if not decision.draft:
+            budget = 0
+        else:  # no resolved confidences: upstream's budget (None)
+            budget = self._budget_planner.budget_for(survival, decision) if survival is not None else None
+        draft_input.verify_token_budget = budget
+        batch.spec_verify_tier_num_tokens = local_verify_tier_num_tokens(
+            bs=batch.batch_size(),
+            verify_token_budget=budget,
+            verify_num_draft_tokens=self.verify_num_draft_tokens,
+            min_verify_len=self._schedule_cfg.min_verify_len,
+        )
+        self._maybe_gather_dp_verify_tier(batch=batch, local_tier_num_tokens=batch.spec_verify_tier_num_tokens)
 
-    def begin_decode_step(self, batch) -> bool:
-        """Called by our worker before a decode step: True to draft, False for a plain anchor-only step."""
-        self.anchor_only = False
-        self.step_choice = None
-        pending, self._gate_pending = self._gate_pending, None
+    def plan_for(self, batch, *, compact_ok: bool, plain_ok: bool) -> StepPlan:
+        """The decode step's plan (engine/step_plan.py): the gate's decision, taken from ``prepare_verify_budget``
+        (overlap) or made now from the newest carried confidences (synchronous), and how a skipped step runs
+        (``compact_ok`` / ``plain_ok``: the batch qualifies for the compact anchor-only verify / SGLang's decode step)."""
+        decided, self._decided_in_prepare = self._decided_in_prepare, None
         if self.draft_gate is None or batch.has_grammar:
-            return True
-        if pending is not None and pending[0] is batch.spec_info:
-            decision = pending[1]
-        else:  # synchronous scheduling: decide from the newest confidences the host carry ring holds
+            return DRAFTED
+        if decided is not None and decided[0] is batch.spec_info:
+            decision = decided[1]
+        else:
             decision = self._decide(self._sync_survival(batch), len(batch.seq_lens))
-        self.anchor_only = not decision.draft
-        self.step_choice = decision.choice  # the prediction this step's outcome is held against (observe_step)
-        return decision.draft
-
-    def end_decode_step(self) -> None:
-        self.anchor_only = False
+        plan = StepPlan.decided(decision, compact_ok=compact_ok, plain_ok=plain_ok)
+        self.compact_anchor_steps += int(plan.compact_anchor)
+        self.plain_decode_steps += int(plan.plain_decode)
+        return plan
 
     def _sync_survival(self, batch) -> Optional[torch.Tensor]:
         if self._budget_planner is None:
@@ -353,14 +368,6 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         rows = rows.to(torch.int64)
         generation = self.model_runner.req_to_token_pool.req_generation[rows]
         return self._budget_planner.latest_survival(req_pool_indices_cpu=rows, current_generation=generation)
-
-    def _skip_step_seconds(self, num_requests: int) -> Optional[float]:
-        """Time of a step that skips the draft: profiled verify of the R anchors + the learned skipped-step rest."""
-        rest = self.overheads.plain_seconds(num_requests)
-        if rest is None or self.step_cost is None:
-            return None
-        verify = self.step_cost.verify_seconds(num_requests, num_requests)
-        return max(verify + rest, OverheadAdjustedCost.MIN_SHARE_OF_TABLE * verify)
 
     def _decide(self, survival: Optional[torch.Tensor], num_requests: int) -> GateDecision:
         gate = self.draft_gate
@@ -373,9 +380,9 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
                 survival = self.survival_prior.rows(num_requests)
             decision = gate.decide(
                 lagged_survival=survival,
-                cost_with_draft=self.step_cost,
-                seconds_without_draft=self._skip_step_seconds(num_requests),
-                skip_samples=self.overheads.pairs(num_requests),
+                cost_with_draft=self.step_costs.drafted,
+                seconds_without_draft=self.step_costs.plain(num_requests),
+                skip_samples=self.step_costs.pairs(num_requests),
                 num_requests=num_requests,
                 prior_survival=self.survival_prior.rows(num_requests),
             )
@@ -390,7 +397,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         if gate is None:
             return None
         summary = gate.summary()
-        costs = self.overheads.summary()
+        costs = self.step_costs.overheads.summary()
         summary["step_level_ms"] = costs["level_ms"]
         summary["drafted_step_overhead_ms"] = costs["drafted_step_ms"]
         # The draft block's learned cost per R bucket, from adjacent drafted / plain steps, and how many pairs taught it.
@@ -411,7 +418,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         return summary
 
     def resolve_verify_token_budget(self, **kwargs):
-        if self.anchor_only:
+        if not self.step.plan.draft:
             kwargs["draft_input"].verify_token_budget = 0
             return 0
         return super().resolve_verify_token_budget(**kwargs)
@@ -419,26 +426,22 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
     # ------------------------------------------------------------------ after a step
 
     def observe_step(self, record: StepRecord) -> None:
-        """A finished decode step, already on the host (the worker's StepRecorder never syncs the device):
-        teach the cost model the step's non-verify time and hand the admission record to observability."""
-        num_requests = len(record.commit_lens)
+        """A finished decode step, already on the host (the worker's StepRecorder never syncs the device); each
+        learner observes it once. What changes the budget (step costs, survival prior) learns only where one rank
+        decides alone (engine/rank_learning.py); the trace reads the gate as it decided, before the step teaches it."""
         if self.gate_trace is not None:
-            self._trace_step(record, num_requests)
-        if self.step_cost is not None and record.seconds is not None and self._learn_online:
-            table_seconds = self.sps_table.step_seconds(num_requests, sum(record.verify_lens))
-            if self.table_agreement.observe(record.seconds, table_seconds):
-                self.step_cost.verify_scale = self.table_agreement.scale
-                get_admission_stats().set_sps_summary(
-                    dict(self.sps_table.summary(), **self.table_agreement.summary())
-                )
-            verify_seconds = self.step_cost.verify_scale * table_seconds
-            self.overheads.observe(num_requests, record.drafted, record.seconds, verify_seconds)
-        if self.draft_gate is not None and record.gate_choice is not None and record.seconds is not None:
-            self.draft_gate.observe_outcome(record.gate_choice, record.drafted, sum(record.commit_lens), record.seconds,
-                                            num_requests)
+            self._trace_step(record)
         survival = record.confidence.cumprod(dim=1) if record.confidence is not None else None
-        if survival is not None and record.drafted and self._learn_online:
+        if self._learn_online and self.step_costs is not None and self.step_costs.observe(record):
+            get_admission_stats().set_sps_summary(self.step_costs.table_summary())
+        if self._learn_online and survival is not None and record.drafted:
             self.survival_prior.observe(survival)
+        if self.draft_gate is not None:
+            self.draft_gate.observe(record)
+        self._publish(record, survival)
+
+    def _publish(self, record: StepRecord, survival: Optional[torch.Tensor]) -> None:
+        """The admission record for observability, which must never take a decode step down."""
         try:
             get_admission_stats().record_step(
                 verify_lens=record.verify_lens,
@@ -447,13 +450,14 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
                 step_seconds=record.seconds,
                 drafted=record.drafted,
             )
-        except ValueError as exc:  # observability must never take a decode step down
+        except ValueError as exc:
             if not self._stats_error_logged:
                 self._stats_error_logged = True
                 logger.warning("sglang-dspark: admission stats skipped a step (%s)", exc)
 
-    def _trace_step(self, record: StepRecord, num_requests: int) -> None:
+    def _trace_step(self, record: StepRecord) -> None:
         """One line of SGLANG_DSPARK_GATE_TRACE, with the gate's state as it decided (before this step teaches it)."""
+        num_requests = len(record.commit_lens)
         fields = {"R": num_requests, "drafted": bool(record.drafted), "seconds": record.seconds,
                   "verify_tokens": sum(record.verify_lens), "committed": sum(record.commit_lens)}
         gate = self.draft_gate
@@ -481,13 +485,13 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         return layout
 
     def _schedule_verify_lens(self, *, req_pool_indices, prefix_lens, device, confidence, budget):
-        if self.anchor_only:  # the draft gate skipped this step's draft: a plain step, anchors only
+        if not self.step.plan.draft:  # the draft gate skipped this step's draft: a plain step, anchors only
             self.last_confidence = None
             return torch.ones(int(req_pool_indices.shape[0]), dtype=torch.int32, device=device)
         verify_lens = None
         if self._budget_planner is not None:
             verify_lens = self.policy.verify_lengths(
-                confidence, int(req_pool_indices.shape[0]), self.step_cost, device
+                confidence, int(req_pool_indices.shape[0]), self.step_costs.drafted, device
             )
             if verify_lens is not None and self.policy.name == "exact":
                 self._tp_sync.sync(SpecTpSyncSite.DSPARK_PLAN, verify_lens)

@@ -68,7 +68,7 @@ VERIFY_MODES = (STATIC, CAP_ACCEPT, COMPACT)
 VERIFY_MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
 
 VERIFY_ALL = "verify-all"
-# Same set as sglang_dspark.scheduling.ADMISSION_POLICIES (checked by tests/unit/test_verify_mode.py); repeated here
+# Same set as sglang_dspark.scheduling.ADMISSION_POLICIES (checked by tests/unit/engine/test_verify_mode.py); repeated here
 # so this module imports nothing heavy.
 ADMISSION_POLICIES = ("async", "exact", VERIFY_ALL, "off")
 
@@ -227,7 +227,7 @@ FLASHINFER_ABSENT = "absent"
 # Architectures whose SGLang 0.5.23 model class defines ``get_attention_sliding_window_size`` (models/*.py), which
 # sets ``model_runner.sliding_window_size`` (model_executor/model_runner_components/load_model_utils.py:144-157) and so
 # FlashInfer's two-wrapper SLIDING_WINDOW dispatch; those methods read the config's sliding_window (or
-# sliding_window_size). Checked against SGLang's sources by tests/unit/test_verify_mode.py.
+# sliding_window_size). Checked against SGLang's sources by tests/unit/engine/test_verify_mode.py.
 SGLANG_SLIDING_WINDOW_ARCHS = frozenset({
     "AfmoeForCausalLM", "BeamForCausalLM", "DiffusionGemmaForBlockDiffusion", "EmbeddingGemma2Model",
     "EmbeddingGemmaModel", "Exaone4ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",

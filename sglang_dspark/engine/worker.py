@@ -41,6 +41,7 @@ from sglang_dspark import envs
 from sglang_dspark.engine.anchor_only_verify import AnchorOnlyVerifyExecutor, compact_anchor_step_eligible
 from sglang_dspark.engine.pending_context_kv import PendingContextKv
 from sglang_dspark.engine.plain_decode_step import plain_decode_eligible, run_plain_decode_step
+from sglang_dspark.engine.step_plan import DRAFTED, CurrentStep, StepPlan
 from sglang_dspark.engine.step_record import StepRecorder
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def use_upstream_worker() -> bool:
 
 
 class GatedDraftBlockProposer(DraftBlockProposer):
-    """Upstream's proposer, plus a plain step: with ``skip_draft`` set, ``propose`` runs no draft at all.
+    """Upstream's proposer, plus a plain step: on a step planned without the draft, ``propose`` runs no draft at all.
 
     The placeholder proposal: the anchor (the committed bonus token) in column 0 of the block ids, as upstream's
     forward writes it; the anchor repeated as the γ "draft tokens" (always a valid token id); a one-hot (greedy)
@@ -62,11 +63,11 @@ class GatedDraftBlockProposer(DraftBlockProposer):
     greedy accepts only tokens equal to the target's argmax, and rejection sampling against any draft
     distribution, one-hot included, outputs the target distribution."""
 
-    skip_draft = False
+    step = CurrentStep()  # the worker's, shared when the gate is installed
 
     def propose(self, *, batch, draft_input, verify_window, bs, device, target_model, sampling_info,
                 anchor_prepared=False):
-        if not self.skip_draft:
+        if self.step.plan.draft:
             return super().propose(
                 batch=batch, draft_input=draft_input, verify_window=verify_window, bs=bs, device=device,
                 target_model=target_model, sampling_info=sampling_info, anchor_prepared=anchor_prepared,
@@ -97,6 +98,7 @@ class DSparkWorker(DSparkWorkerV2):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._step_recorder = StepRecorder(self.device)
+        self._step = CurrentStep()  # the plan of the decode step being run (engine/step_plan.py)
         self._draft_gate_on = False
         self._plain_decode_on = envs.PLAIN_STEP.get() == "decode"  # read once, not on every decode step
         # Skipped steps' draft-KV rows, written in one batch before anything reads draft KV (None: on every step).
@@ -154,35 +156,12 @@ class DSparkWorker(DSparkWorkerV2):
             self._verify_planner.install_sps_table()
             self._install_draft_gate()
 
-    def _draft_gate_blocker(self) -> str | None:
-        """Why the draft gate cannot run on this server (None: it can)."""
-        from sglang.srt.runtime_context import get_parallel
-
-        from sglang_dspark.engine.rank_learning import decide_rank_learning, parallel_facts
-
-        planner = self._verify_planner
-        if planner._budget_planner is None or planner.policy.name not in ("async", "exact"):
-            return f"admission policy {planner.policy.name!r} (the gate needs async or exact)"
-        if not planner.is_compact_mode:
-            return f"verify mode {planner.mode_value!r} (the gate needs compact)"
-        if planner.sps_table is None:
-            return "no SPS table"
-        # Every rank must take the same decision: the gate learns from per-rank step records and times, and a MoE
-        # draft's forward joins collectives across DP ranks. The planner's decision, so that one switch keeps every
-        # learned input off together (engine/rank_learning.py).
-        learning = planner.rank_learning or decide_rank_learning(parallel_facts(get_parallel()))
-        if not learning.enabled:
-            return learning.reason
-        if self._deferred_commit() is not None:
-            return "deferred context-KV commit (SGLANG_DSPARK_DEFER_CONTEXT_KV)"
-        return None
-
     def _install_draft_gate(self) -> None:
         mode = envs.DRAFT_GATE.get()
         if mode == "off":
             logger.info("sglang-dspark draft gate: off (%s=off): every decode step drafts", envs.DRAFT_GATE.name)
             return
-        blocker = self._draft_gate_blocker()
+        blocker = self._verify_planner.draft_gate_blocker(deferred_commit=self._deferred_commit() is not None)
         if blocker is not None:
             logger.info("sglang-dspark draft gate: off on this server (%s): every decode step drafts", blocker)
             return
@@ -191,6 +170,8 @@ class DSparkWorker(DSparkWorkerV2):
             self._proposer.__class__ = GatedDraftBlockProposer
         if not isinstance(self._verify_executor, AnchorOnlyVerifyExecutor):
             self._verify_executor.__class__ = AnchorOnlyVerifyExecutor
+        # One plan per step, read by all three (engine/step_plan.py).
+        self._proposer.step = self._verify_executor.step = self._verify_planner.step = self._step
         self._verify_planner.enable_draft_gate(mode)
         self._draft_gate_on = True
         if envs.PAUSE_KV.get() == "batched":
@@ -208,58 +189,45 @@ class DSparkWorker(DSparkWorkerV2):
             self._pending_context_kv.flush()
 
     def _forward_decode(self, batch, on_publish, grammar_barrier=None, coordination_plan=None):
-        # A skipped step that qualifies for the compact anchor-only verify runs as SGLang's own decode step where the
-        # target is eager (engine/plain_decode_step.py); otherwise upstream's step (with the compact verify).
-        if (
-            getattr(self._verify_executor, "compact_anchor_step", False)
-            and coordination_plan is None
-            and not batch.forward_mode.is_idle()
-            and self._plain_decode_on
-            and plain_decode_eligible(self, batch)
-        ):
-            self._verify_planner.plain_decode_steps += 1
+        # A skipped step planned as SGLang's own decode step (engine/plain_decode_step.py); otherwise upstream's step.
+        if self._step.plan.plain_decode and coordination_plan is None:
             return run_plain_decode_step(self, batch, on_publish)
         self._flush_context_kv()  # a draft forward or upstream's commit_hidden comes next
         return super()._forward_decode(batch, on_publish, grammar_barrier, coordination_plan=coordination_plan)
 
+    def _plan_step(self, batch) -> StepPlan:
+        """The decode step's plan, from the planner (the gate's decision) and the batch's eligibility for the
+        anchor-only paths."""
+        if not self._draft_gate_on or batch.forward_mode.is_idle() or len(batch.seq_lens) == 0:
+            return DRAFTED
+        compact = compact_anchor_step_eligible(self, batch)
+        plain = compact and self._plain_decode_on and plain_decode_eligible(self, batch)
+        return self._verify_planner.plan_for(batch, compact_ok=compact, plain_ok=plain)
+
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, *, pp_proxy_tensors=None):
         is_decode = self._hosts_draft and not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
-        planner = self._verify_planner
-        drafted = True
-        gate_choice = None  # the gate's prediction for this step, held against what the step realizes
+        plan = self._plan_step(batch) if is_decode else DRAFTED
         if is_decode:
-            if self._draft_gate_on and not batch.forward_mode.is_idle() and len(batch.seq_lens) > 0:
-                drafted = planner.begin_decode_step(batch)
-                gate_choice = planner.step_choice
-                self._proposer.skip_draft = not drafted
-                compact = not drafted and compact_anchor_step_eligible(self, batch)
-                self._verify_executor.compact_anchor_step = compact
-                planner.compact_anchor_steps += int(compact)
-            if drafted:
+            if plan.draft:
                 # Before the step's clock starts: the held rows are the pause's cost, paid here in one batch, and the
                 # gate would otherwise read them as the cost of drafting (a probe after a long pause most of all).
                 self._flush_context_kv()
             self._step_recorder.start()
         elif self._hosts_draft:
             self._flush_context_kv()  # a prefill injects into draft KV, and may reuse a slot a held row names
-        try:
+        with self._step.running(plan):
             result = super().forward_batch_generation(
                 batch, on_publish, grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
             )
-        finally:
-            if self._draft_gate_on:
-                self._proposer.skip_draft = False
-                self._verify_executor.compact_anchor_step = False
-                planner.end_decode_step()
         if is_decode and getattr(result, "accept_lens", None) is not None and result.accept_lens.numel() > 0:
             # Only times and forwards: no host read of a device tensor here (StepRecorder copies without blocking).
             for record in self._step_recorder.finish(
                 accept_lens=result.accept_lens,
                 cap_lens=result.cap_lens,
-                confidence=planner.last_confidence if drafted else None,
+                confidence=self._verify_planner.last_confidence if plan.draft else None,
                 default_verify_len=int(self.verify_num_draft_tokens),
-                drafted=drafted,
-                gate_choice=gate_choice,
+                drafted=plan.draft,
+                gate_choice=plan.choice,
             ):
-                planner.observe_step(record)
+                self._verify_planner.observe_step(record)
         return result

@@ -495,7 +495,7 @@ def _run_urls(args, levels, level_prompts, result) -> None:
 
 def _start_config(config, target, server_args, max_total_tokens, device, args, log_dir, tokenizer, result):
     """Launch one configuration and warm it up; None (with the entry's error set) if it did not start."""
-    from sglang_dspark.testing.server import ServerStartError, start_server
+    from sglang_dspark.local_server import ServerStartError, start_server
 
     entry = {"name": config.name, "label": config.label, "launched": True, "server_args": server_args,
              "env": config.env, "levels": []}

@@ -26,9 +26,6 @@ from sglang_dspark import envs
 from sglang_dspark.scheduling.admission import ADMISSION_POLICIES, admit_exact, capacity_from_survival
 from sglang_dspark.scheduling.cost_model import StepCostModel
 
-VERIFY_MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
-
-
 def read_admission_policy() -> str:
     return envs.ADMISSION.get()
 
@@ -39,7 +36,7 @@ class AdmissionPolicy:
     A step decides in two stages (SGLang's planner calls both): ``capacity`` before the draft, on the host, from
     survivals two steps back (the budget K); then ``verify_lengths`` after the draft, from this step's confidences.
     ``None`` from ``verify_lengths`` means "upstream's device top-K of the current confidences", which is exactly
-    :func:`~sglang_dspark.scheduling.admit_topk` (pinned by tests/unit/test_topk_contract.py).
+    :func:`~sglang_dspark.scheduling.admit_topk` (pinned by tests/unit/scheduling/test_topk_contract.py).
     """
 
     def __init__(self, name: str) -> None:
@@ -93,17 +90,3 @@ def draft_has_confidence_head(draft_path: Optional[str]) -> Optional[bool]:
     if not config_file.is_file():
         return None
     return confidence_head_enabled(json.loads(config_file.read_text()))
-
-
-def verify_mode_for(policy: str, user_mode: Optional[str], has_confidence_head: bool) -> tuple[str, Optional[str]]:
-    """(verify mode, warning or None) for SGLang's SGLANG_RAGGED_VERIFY_MODE."""
-    if user_mode:
-        return user_mode, None
-    if policy == "verify-all":
-        return "static", None
-    if not has_confidence_head:
-        return "static", (
-            f"the DSpark draft has no confidence head, so admission policy {policy!r} cannot schedule per request: "
-            "verifying every draft token (verify-all). Use a draft trained with a confidence head to enable it."
-        )
-    return "compact", None

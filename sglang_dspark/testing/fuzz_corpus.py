@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional
 
 import requests
 
-from sglang_dspark.testing.server import sse_payloads
+from sglang_dspark.local_server import sse_payloads
 
 GENERATE = "/generate"
 COMPLETIONS = "/v1/completions"

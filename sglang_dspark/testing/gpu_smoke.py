@@ -25,7 +25,7 @@ A wrong token (wrong attention, a wrong acceptance) is rarely within a nat of no
 gap even where its rate is high. No-spec also scores its own outputs (the "no-spec" row): the noise of scoring itself.
 
 Default pair: a random Qwen3 target + DeepSpec-format DSpark draft of the released schema at reduced size, built
-offline in seconds (``draft/deepspec_schema.py``); random weights still exercise every kernel and graph path. Pass
+offline in seconds (``testing/deepspec_schema.py``); random weights still exercise every kernel and graph path. Pass
 ``--target``/``--draft`` for a real pair (e.g. Qwen/Qwen3-8B + deepseek-ai/dspark_qwen3_8b_block7).
 """
 
@@ -167,7 +167,7 @@ def smoke(target: str, draft: str, backends: Sequence[str], log_dir: Path, *, st
           explain: Optional[Callable] = None, min_match: Optional[float] = None, tie_nats: float = TIE_NATS) -> dict:
     """Start, measure and score every run of every backend; returns the report (``render_table`` prints it)."""
     if start_server is None:
-        from sglang_dspark.testing.server import start_server
+        from sglang_dspark.local_server import start_server
     if explain is None:
         from sglang_dspark.engine.explain import explain
 
@@ -286,7 +286,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="sglang-dspark-gpu-smoke-"))
     target, draft = args.target, args.draft
     if not target:
-        from sglang_dspark.draft.deepspec_schema import build_released_schema_pair
+        from sglang_dspark.testing.deepspec_schema import build_released_schema_pair
 
         pair = build_released_schema_pair(work / "pair")
         target, draft = str(pair.target_dir), str(pair.draft_dir)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 
-from sglang_dspark.testing.server import SGLangServer
+from sglang_dspark.local_server import SGLangServer
 
 # Twenty prompts, code-like (the tiny tokenizer is trained on Python source).
 PROMPTS = [

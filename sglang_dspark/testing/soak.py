@@ -43,7 +43,7 @@ from typing import Optional
 
 import requests
 
-from sglang_dspark.testing.server import sse_payloads
+from sglang_dspark.local_server import sse_payloads
 
 GREEDY_PROBE = {"text": "def main():", "max_new_tokens": 48}
 

@@ -44,7 +44,7 @@ def generate_answers(
     progress: bool = True,
 ) -> int:
     """Answer the prompts not yet in ``out``; returns how many were written in this call."""
-    from sglang_dspark.testing.server import chat, start_server
+    from sglang_dspark.local_server import chat, start_server
 
     done = _done_keys(out)
     todo = [p for p in prompts if (p.task, p.index) not in done]

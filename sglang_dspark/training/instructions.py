@@ -6,7 +6,7 @@ so the draft sees the target answer those kinds of requests too.
 
 They are kept apart from the load test's built-in chat set (``sglang_dspark.loadtest.prompts``), which is a
 held-out evaluation set of the draft: no template here is one of its task forms (explain / poem / misconceptions /
-history / pros and cons / story ...) and no filler is one of its subjects; ``tests/unit/test_instructions.py``
+history / pros and cons / story ...) and no filler is one of its subjects; ``tests/unit/training/test_instructions.py``
 checks both.
 """
 

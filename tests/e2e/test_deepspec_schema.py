@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from sglang_dspark.testing.helpers import GREEDY, PROMPTS, assert_same_ids, dspark_args, generate_all, greedy_ids
-from sglang_dspark.draft.deepspec_schema import (
+from sglang_dspark.testing.deepspec_schema import (
     QWEN3_8B_TARGET_CONFIG,
     RELEASED_QWEN3_8B_BLOCK7_CONFIG,
     build_released_schema_pair,

@@ -42,7 +42,7 @@ def test_forced_pausing_is_exact(mode, tiny_pair, shared_server, nospec_referenc
     bs8 = generate_all(server, PROMPTS, GREEDY, concurrency=8)
     info = admission_info(server)
     # Sampled requests (temperature, top-k, top-p; a greedy one in the same batch) take the same paths; their
-    # law is checked in tests/unit/test_anchor_only_verify.py, here that they are served.
+    # law is checked in tests/unit/engine/test_anchor_only_verify.py, here that they are served.
     jobs = [(prompt, SAMPLED_MIX if i % 4 else GREEDY) for i, prompt in enumerate(PROMPTS[:8])]
     with ThreadPoolExecutor(8) as pool:
         mixed = list(pool.map(lambda job: server.generate(job[0], dict(job[1])), jobs))

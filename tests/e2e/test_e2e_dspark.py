@@ -11,7 +11,7 @@ import re
 import pytest
 
 from sglang_dspark.testing.helpers import GREEDY, PROMPTS, assert_same_ids, dspark_args, generate_all, steep_sps_table
-from sglang_dspark.testing.server import chat
+from sglang_dspark.local_server import chat
 
 # The session's default DSPARK server is shared with the admission, input-guard and load-test files:
 # one test process (tests/conftest.py SERVER_SHARING_FILES).

@@ -8,7 +8,7 @@ off) so acceptance shows what the draft proposed:
   equal the non-speculative server's, batch of 1 and 8 concurrent; sampled requests are served;
 * ``SGLANG_DSPARK_HOT_VOCAB=off`` ignores the file (the whole-vocabulary acceptance comes back);
 * a hot set made for another vocabulary stops start-up with an error naming the file and the fix.
-The sampled law with a hot set is checked in tests/unit/test_hot_vocab.py.
+The sampled law with a hot set is checked in tests/unit/draft/test_hot_vocab.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from sglang_dspark.draft.hot_vocab import HOT_VOCAB_FILE
 from sglang_dspark.loadtest.engine import admission_delta
 from sglang_dspark.testing.helpers import GREEDY, PROMPTS, assert_same_ids, dspark_args, generate_all
-from sglang_dspark.testing.server import ServerStartError
+from sglang_dspark.local_server import ServerStartError
 
 pytestmark = pytest.mark.server
 

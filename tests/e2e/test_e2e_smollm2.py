@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 HELD_OUT = REPO / "benchmarks" / "data" / "bigbench_heldout_prompts.jsonl"
 NUM_PROMPTS = 8
 PARAMS = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
-# The shipped draft is under-trained (README: P(first draft accepted) about 0.26 at T = 0 on 100 held-out prompts);
+# The shipped draft is under-trained (docs/embedded-pair.md: P(first draft accepted) about 0.26 at T = 0 on 100 held-out prompts);
 # a random draft of the same shape gets ~0, so this still fails if the trained weights or their wiring (context
 # layers, mask token, Markov head) are lost. Sample: at least MIN_VERIFIED_DRAFTS request-steps that verified a
 # draft token (8 prompts x 48 tokens, plus up to MAX_EXTRA_PROMPTS more in the first test); at p = 0.26 and n = 60

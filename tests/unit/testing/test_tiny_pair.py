@@ -23,7 +23,7 @@ from sglang_dspark.testing.tiny_pair import (
 )
 
 import safetensors.torch as safetensors_torch
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 PROMPTS = [
     "def main():",

@@ -30,7 +30,7 @@ from sglang_dspark.training.trainer import (
     TrainConfig, Trainer, lr_lambda, micro_backward, micro_loss, pack, sample_anchors,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 LAYER_IDS = [0, 1, 2]
 PROMPTS = ["def main():", "import os\n", "class Foo(object):", "for i in range(10):", "return x + y",
            "with open(p) as f:", "try:\n    import", "raise ValueError(", "# Copyright", "lambda x:",

@@ -243,7 +243,7 @@ def test_sps_cache_key_tells_the_linear_backends_apart(monkeypatch, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     keys = {}
     for installed in (False, True):
-        monkeypatch.setattr(cpu_packed_linear, "_installed", installed)
+        monkeypatch.setattr(cpu_packed_linear, "installed", lambda installed=installed: installed)
         extra = engine_measurer._linear_backend_entry("cpu")
         keys[installed] = make_cache_key(model_path=tmp_path, dtype="float32", device="cpu", tp_size=1,
                                          attention_backend="IntelAMXAttnBackend", max_total_tokens=1024,
@@ -265,7 +265,7 @@ def test_draft_model_module_multiplies_through_torch_functional():
 def test_draft_torch_linears_take_the_packed_path(monkeypatch):
     """The draft's ``fc`` (a torch nn.Linear) runs through a packed copy, made once and remade after an update;
     subclasses and prefill-sized inputs keep torch's forward."""
-    monkeypatch.setattr(cpu_packed_linear, "_installed", True)
+    monkeypatch.setattr(cpu_packed_linear, "installed", lambda: True)
     monkeypatch.setattr(cpu_packed_linear, "_route_draft_model_functional", lambda: None)
 
     class Scaled(torch.nn.Linear):  # a subclass may compute something else: left alone
@@ -295,7 +295,7 @@ def test_draft_torch_linears_take_the_packed_path(monkeypatch):
 def test_draft_fc_as_sglang_builds_it_is_packed_when_serving(monkeypatch):
     """SGLang's DFlash ``fc`` is a plain nn.Linear whose parameters keep ``requires_grad=True``: served (no grad,
     inference mode) it takes the packed path; with grad on, torch's product, so autograd still sees it."""
-    monkeypatch.setattr(cpu_packed_linear, "_installed", True)
+    monkeypatch.setattr(cpu_packed_linear, "installed", lambda: True)
     monkeypatch.setattr(cpu_packed_linear, "_route_draft_model_functional", lambda: None)
     calls = _Calls(cpu_packed_linear.packed_linear)
     monkeypatch.setattr(cpu_packed_linear, "packed_linear", calls)

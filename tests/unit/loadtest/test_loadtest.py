@@ -305,7 +305,7 @@ def _serve(routes):
 
 
 def test_clear_errors_for_down_server_wrong_url_and_model_mismatch():
-    from sglang_dspark.testing.server import free_port
+    from sglang_dspark.local_server import free_port
 
     with pytest.raises(runner.LoadTestError, match="connection refused"):
         runner.probe_server(f"http://127.0.0.1:{free_port()}", timeout=2)
@@ -516,7 +516,7 @@ def test_interrupt_during_server_start_stops_the_half_started_server(monkeypatch
     """Ctrl-C / SIGTERM while a launched server starts (the load test's longest wait) leaves no server behind."""
     import subprocess
 
-    from sglang_dspark.testing import server as server_module
+    from sglang_dspark import local_server as server_module
 
     fake_python = tmp_path / "python"
     fake_python.write_text("#!/bin/sh\nexec sleep 120\n")

@@ -3,7 +3,7 @@
 The probes hand-build a TARGET_VERIFY batch (profiler/engine_measurer.py) without the DP-attention fields SGLang's
 scheduler fills for all attention-DP ranks together, so under ``--enable-dp-attention`` / ``--attn-dp-size`` its
 forward would skip the DP sync and crash or hang. The verify-mode decision keeps such launches static unless a table
-file is given (tests/unit/test_verify_mode.py); the planner skips the probes whatever the mode, with one log line, and
+file is given (tests/unit/engine/test_verify_mode.py); the planner skips the probes whatever the mode, with one log line, and
 runs verify-all.
 """
 

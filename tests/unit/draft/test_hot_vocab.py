@@ -179,7 +179,7 @@ def test_hot_space_loop_drafts_what_the_wide_loop_drafts(monkeypatch, bs, temper
     wide_loop = inspect.unwrap(dspark_draft.sample_draft_block)
     want, want_offset = _blocks(wide_loop, head, draft, hidden, anchors, sampling_info, greedy_draft)
 
-    monkeypatch.setattr(cpu_dspark, "_applied", True)
+    monkeypatch.setattr(cpu_dspark.apply, "ran", lambda: True)
     hot_loop = lambda **kw: hot_patch.sample_draft_block_in_hot_space(wide_loop, **kw)  # noqa: E731
     for keep_columns in (True, False):  # the base logits' hot columns as kept, or gathered from the wide tensor
         got, got_offset = _blocks(hot_loop, head, draft, hidden, anchors, sampling_info, greedy_draft, keep_columns)
@@ -199,12 +199,12 @@ def test_hot_space_loop_drafts_what_the_wide_loop_drafts(monkeypatch, bs, temper
         assert (argmax != drafted)[:, sampled_rows].any()
 
     # Stands aside: off the CPU's Markov step (upstream's wide loop runs), and for a head without a hot set.
-    monkeypatch.setattr(cpu_dspark, "_applied", False)
+    monkeypatch.setattr(cpu_dspark.apply, "ran", lambda: False)
     calls = []
     passthrough = lambda **kw: calls.append(kw) or "wide"  # noqa: E731
     stand_aside = lambda **kw: hot_patch.sample_draft_block_in_hot_space(passthrough, **kw)  # noqa: E731
     assert _blocks(stand_aside, head, draft, hidden, anchors, sampling_info, greedy_draft, blocks=1)[0] == ["wide"]
-    monkeypatch.setattr(cpu_dspark, "_applied", True)
+    monkeypatch.setattr(cpu_dspark.apply, "ran", lambda: True)
     del head._dspark_hot
     assert _blocks(stand_aside, head, draft, hidden, anchors, sampling_info, greedy_draft, blocks=1)[0] == ["wide"]
     assert len(calls) == 2

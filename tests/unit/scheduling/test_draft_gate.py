@@ -10,9 +10,9 @@ import torch
 from sglang_dspark import envs
 from sglang_dspark.engine.step_record import StepRecorder
 from sglang_dspark.scheduling.admission import capacity_from_survival
+from sglang_dspark.scheduling.acceptance import RealizedSeconds, RealizedTokens, SurvivalPrior, sanitize_survival
 from sglang_dspark.scheduling.draft_gate import (
-    GATE_MODES, DraftGate, FlatCost, RealizedSeconds, RealizedTokens, SurvivalPrior, sanitize_survival,
-    should_draft,
+    GATE_MODES, ComebackGate, DraftGate, DraftGateConfig, FlatCost, make_draft_gate, should_draft,
 )
 from sglang_dspark.scheduling.stats import AdmissionStats
 
@@ -114,7 +114,7 @@ HIGH = torch.tensor([[0.99, 0.98, 0.97]])  # 3.94 tokens per 20 ms: draft
 
 def test_pause_then_probes_with_doubling_interval_then_resume():
     # probe_share 1: the cost bound (tested below) allows a probe every step, so the doubling alone is seen here.
-    gate = DraftGate("auto", probe_min=2, probe_max=8, probe_share=1.0)
+    gate = DraftGate(DraftGateConfig(probe_min=2, probe_max=8, probe_share=1.0, steady_spell=5))
     trace = [_decide(gate, LOW) for _ in range(20)]
     kinds = ["D" if d.draft else "s" for d in trace]
     # Paused: probe after 2 skipped steps, then 4, then 8 (capped).
@@ -128,7 +128,6 @@ def test_pause_then_probes_with_doubling_interval_then_resume():
     trace = [_decide(gate, LOW) for _ in range(9)]
     assert "".join("D" if d.draft else "s" for d in trace) == "ssssssssD" and gate.pauses == 2
     # Drafting that holds for steady_spell steps resets it: the pause after that probes early again.
-    gate.steady_spell = 5
     assert all(_decide(gate, HIGH).draft for _ in range(5))
     trace = [_decide(gate, LOW) for _ in range(3)]
     assert "".join("D" if d.draft else "s" for d in trace) == "ssD" and gate.probe_interval == 4
@@ -137,7 +136,7 @@ def test_pause_then_probes_with_doubling_interval_then_resume():
 def test_a_draft_that_pays_now_and_then_does_not_flap():
     """A probe that lands on an easy stretch resumes drafting for one step; restarting the probes at probe_min after
     each such comeback would draft every few steps. With the back-off kept, probes stay ~probe_max apart."""
-    gate = DraftGate("auto", probe_min=4, probe_max=64)
+    gate = DraftGate(DraftGateConfig(probe_min=4, probe_max=64))
     drafted = 0
     for step in range(2000):
         last = gate.last
@@ -148,7 +147,7 @@ def test_a_draft_that_pays_now_and_then_does_not_flap():
 
 
 def test_probe_cost_is_bounded():
-    gate = DraftGate("auto", probe_min=4, probe_max=64)
+    gate = DraftGate(DraftGateConfig(probe_min=4, probe_max=64))
     decisions = [_decide(gate, LOW) for _ in range(2000)]
     drafted = sum(d.draft for d in decisions)
     assert drafted <= 2000 / 64 + 5  # in the long run one draft block per probe_max + 1 steps
@@ -158,7 +157,7 @@ def test_probes_stay_within_their_share_of_the_time_when_a_drafted_step_is_costl
     """Under load a probe costs several plain steps; the doubling alone (one per probe_max + 1 steps) would spend
     far more than probe_share of the time on them. Simulated 4000 paused steps, draft/skip cost ratio 1.5 and 6."""
     for ratio in (1.5, 6.0):
-        gate = DraftGate("auto", probe_min=4, probe_max=64, probe_share=0.02)
+        gate = DraftGate(DraftGateConfig(probe_min=4, probe_max=64, probe_share=0.02))
         skip = 0.01
         drafted = sum(_decide(gate, LOW, cost=FlatCost(ratio * skip), skip=skip).draft for _ in range(4000))
         probes = gate.reasons.get("probe", 0)
@@ -172,14 +171,14 @@ def test_probes_stay_within_their_share_of_the_time_when_a_drafted_step_is_costl
         assert probes >= 4000 // (max(64, bound) + 1) - 1
     # A drafted step no costlier than a plain one adds no bound; unknown costs neither.
     assert gate.cost_bounded_interval(None) == 0
-    assert DraftGate("auto", max_probe_interval=100).cost_bounded_interval(
+    assert DraftGate(DraftGateConfig(max_probe_interval=100)).cost_bounded_interval(
         should_draft(LOW, FlatCost(100.0), 0.01)) == 100  # capped
 
 
 def test_far_from_break_even_probes_spend_half_the_share_they_spend_near_it():
     """Defaults: probes far from break-even (a probe costs 6 plain steps and predicts 1.1 tokens) stay within 1 % of
     4000 simulated paused steps; near break-even the bound is read at 2 % (a probe there may well flip the choice)."""
-    gate = DraftGate("auto")
+    gate = DraftGate()
     skip = 0.01
     drafted = sum(_decide(gate, LOW, cost=FlatCost(6 * skip), skip=skip).draft for _ in range(4000))
     extra_time = drafted * 5 * skip
@@ -204,7 +203,7 @@ def test_a_held_pause_decides_what_the_full_decision_would():
     for ratio in (1.5, 6.0):
         decided = []
         for hold in (True, False):
-            gate = DraftGate("auto", probe_min=4, probe_max=64, hold_pause_steps=8 if hold else 1)
+            gate = DraftGate(DraftGateConfig(probe_min=4, probe_max=64, hold_pause_steps=8 if hold else 1))
             trace = []
             for step in range(3000):
                 rows = 1 + (step // 250) % 3
@@ -229,7 +228,7 @@ def test_a_held_pause_reads_nothing_and_gives_way_to_a_full_decision(monkeypatch
     calls = []
     real = draft_gate.should_draft
     monkeypatch.setattr(draft_gate, "should_draft", lambda *a, **k: calls.append(1) or real(*a, **k))
-    gate = DraftGate("auto", probe_min=4, probe_max=64, hold_pause_steps=8, hold_after_draft=4)
+    gate = DraftGate(DraftGateConfig(probe_min=4, probe_max=64, hold_pause_steps=8, hold_after_draft=4))
     low = LOW.expand(2, 3)
     assert gate.held_pause(2) is None  # nothing decided yet
     for _ in range(40):
@@ -243,7 +242,7 @@ def test_a_held_pause_reads_nothing_and_gives_way_to_a_full_decision(monkeypatch
     gate._skipped_since_probe = gate._probe_due
     assert gate.held_pause(2) is None  # a probe may be due
     for mode in ("off", "pause", "comeback"):
-        assert DraftGate(mode).held_pause(1) is None
+        assert make_draft_gate(mode).held_pause(1) is None
 
 
 def test_realized_seconds_weigh_recent_steps_and_ignore_stalls():
@@ -328,14 +327,14 @@ def test_a_draft_that_realizes_less_than_predicted_is_paused():
     the realized fit pauses the draft after its first few steps. 2 000 simulated steps."""
     promised = torch.tensor([[0.6, 0.5, 0.4]], dtype=torch.float64)
     serve = dict(survival=promised, cost=FlatCost(0.015), skip=0.010, realized_tokens=1.2, drafted_seconds=0.015)
-    gate = DraftGate("auto")
+    gate = DraftGate()
     drafted, throughput = _serve(gate, 2000, **serve)
     assert gate.realized_tokens.expected(2.5) == pytest.approx(1.2, abs=0.1)  # the probes' steps, pseudo-steps fading
     # The first steps, then probes: every 64 steps far from break-even, more often while the fit still reads the
     # draft within 15 % of it (a probe then costs little: 15 ms for 1.2 tokens against 12 ms for them plain).
     assert drafted <= 60
     assert throughput >= 0.98 * 100
-    drafted, throughput = _serve(_blind(DraftGate("auto")), 2000, **serve)
+    drafted, throughput = _serve(_blind(DraftGate()), 2000, **serve)
     assert drafted >= 0.9 * 2000 and throughput == pytest.approx(80, rel=0.05)
 
 
@@ -383,7 +382,7 @@ def test_a_draft_whose_steps_cost_more_than_predicted_is_paused():
     tokens/s against 100 for a 10 ms plain step. The drafted-step overhead learned from the steps pauses it after
     the first (no-information) steps. 2 000 simulated steps."""
     promised = torch.tensor([[0.6, 0.5, 0.4]], dtype=torch.float64)
-    drafted, throughput = _serve_learning(DraftGate("auto"), 2000, survival=promised, plain_seconds=0.010,
+    drafted, throughput = _serve_learning(DraftGate(), 2000, survival=promised, plain_seconds=0.010,
                                           drafted_seconds=0.030, realized_tokens=2.5)
     assert drafted <= 20 + 2000 * 0.02 * 0.010 / 0.020 + 10  # the first steps, then probes within 2 % of the time
     assert throughput >= 0.97 * 100
@@ -393,7 +392,7 @@ def test_a_slow_spell_of_plain_steps_is_not_counted_twice():
     """The learned plain-step overhead already follows a slow spell; a measured ÷ predicted ratio on top of it would
     count the spell twice and, frozen through the drafting spell that follows (nothing re-measures a plain step
     then), predict the plain step at far more than it costs. The gate keeps that ratio as a diagnostic only."""
-    gate = DraftGate("auto")
+    gate = DraftGate()
     choice = should_draft(LOW, FlatCost(0.020), 0.016)
     for _ in range(8):  # plain steps at twice what was predicted for them
         gate.observe_outcome(choice, False, 1, 0.032, 1)
@@ -411,13 +410,13 @@ def test_a_draft_that_realizes_its_prediction_keeps_drafting():
     that realizes more than predicted (a promise of 0.8 tokens/step that turns out 1.6) comes back although the
     prediction alone says pause."""
     promised = torch.tensor([[0.6, 0.5, 0.4]], dtype=torch.float64)
-    gate = DraftGate("auto")
+    gate = DraftGate()
     drafted, throughput = _serve(gate, 500, survival=promised, cost=FlatCost(0.015), skip=0.010,
                                  realized_tokens=2.5, drafted_seconds=0.015)
     assert gate.realized_tokens.expected(2.5) == pytest.approx(2.5) and gate.draft_seconds.factor == 1.0
     assert drafted >= 0.9 * 500 and throughput >= 160
     modest = torch.tensor([[0.4, 0.3, 0.1]], dtype=torch.float64)  # promises 1.8 tokens per 20 ms: 90 vs 100/s
-    gate = DraftGate("auto")
+    gate = DraftGate()
     serve = dict(survival=modest, cost=FlatCost(0.02), skip=0.010, realized_tokens=3.0, drafted_seconds=0.02)
     # Predicted 90/s: paused; the probes (at most one per 50 steps: a probe costs twice a plain step, 2 % share)
     # learn the realized 150/s.
@@ -439,8 +438,8 @@ def test_noisy_readings_do_not_pause_a_draft_that_pays_on_average():
         return torch.tensor([[first, first * 0.6, first * 0.3]], dtype=torch.float64)
 
     serve = dict(survival=reading, cost=FlatCost(0.013), skip=0.010, realized_tokens=1.45, drafted_seconds=0.013)
-    blind_drafted, blind_throughput = _serve(_blind(DraftGate("auto")), 3000, **serve)
-    drafted, throughput = _serve(DraftGate("auto"), 3000, **serve)
+    blind_drafted, blind_throughput = _serve(_blind(DraftGate()), 3000, **serve)
+    drafted, throughput = _serve(DraftGate(), 3000, **serve)
     assert blind_drafted <= 0.8 * 3000
     assert drafted >= 0.95 * 3000 and throughput > blind_throughput * 1.015
 
@@ -467,7 +466,7 @@ def test_arriving_requests_do_not_restart_a_weak_draft():
     fresh_every = 8  # one arrival every 8 steps (c = 1, short answers)
 
     def run(prior):
-        gate = DraftGate("auto", probe_min=4, probe_max=64)
+        gate = DraftGate(DraftGateConfig(probe_min=4, probe_max=64))
         drafted = 0
         for step in range(512):
             arriving = step % fresh_every == 0
@@ -487,7 +486,7 @@ def test_arriving_requests_do_not_restart_a_weak_draft():
 def test_a_batch_with_no_lagged_confidence_reads_the_prior_for_every_row():
     prior = SurvivalPrior()
     assert prior.rows(3) is None  # never drafted: no prior, the gate drafts ("no-info")
-    gate = DraftGate("auto")
+    gate = DraftGate()
     assert _decide(gate, prior.rows(3)).reason == "no-info"
     prior.observe(LOW)
     rows = prior.rows(3)
@@ -498,13 +497,13 @@ def test_a_batch_with_no_lagged_confidence_reads_the_prior_for_every_row():
 
 
 def test_no_information_drafts():
-    gate = DraftGate("auto")
+    gate = DraftGate()
     assert _decide(gate, None).reason == "no-info"
     assert gate.decide(lagged_survival=LOW, cost_with_draft=None, seconds_without_draft=0.01).draft
 
 
 def test_skip_cost_is_learned_by_occasional_plain_steps():
-    gate = DraftGate("auto", learn_skip_every=4, refresh_skip_every=10)
+    gate = DraftGate(DraftGateConfig(learn_skip_every=4, refresh_skip_every=10))
     # Skipped-step time unknown: draft, but skip one step in 5 to measure it.
     trace = [gate.decide(lagged_survival=HIGH, cost_with_draft=FlatCost(0.02), seconds_without_draft=None)
              for _ in range(10)]
@@ -517,15 +516,15 @@ def test_skip_cost_is_learned_by_occasional_plain_steps():
 
 
 def test_forced_modes():
-    assert all(_decide(DraftGate("off"), LOW).draft for _ in range(3))
-    gate = DraftGate("pause")
+    assert all(_decide(make_draft_gate("off"), LOW).draft for _ in range(3))
+    gate = make_draft_gate("pause")
     assert not any(_decide(gate, HIGH).draft for _ in range(5))
-    gate = DraftGate("alternate")
+    gate = make_draft_gate("alternate")
     assert [_decide(gate, LOW).draft for _ in range(4)] == [True, False, True, False]
 
 
 def test_comeback_mode_pauses_then_drafting_pays():
-    gate = DraftGate("comeback", comeback_steps=10, probe_min=2)
+    gate = ComebackGate(DraftGateConfig(probe_min=2), comeback_steps=10)
     first = [_decide(gate, LOW) for _ in range(10)]
     assert not first[0].draft and any(d.reason == "probe" for d in first) and gate.paused
     after = _decide(gate, LOW)  # flat cost, free draft: any survivable candidate pays
@@ -539,7 +538,7 @@ def test_gate_modes_match_the_switch():
 
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="unknown draft gate mode"):
-        DraftGate("sometimes")
+        make_draft_gate("sometimes")
 
 
 def test_skipped_steps_are_recorded_as_such():
@@ -610,7 +609,7 @@ def _serve_after_slow_plain_steps(shared_level: bool, steps: int = 600):
     overheads = DraftedAndPlainOverheads()
     per_kind = {True: StepOverhead(signed=True, grows_with_requests=True), False: StepOverhead(signed=True)}
     cost = OverheadAdjustedCost(FlatTable(table), overheads.drafted if shared_level else per_kind[True])
-    gate = DraftGate("auto", probe_close_margin=0.0)  # the back-off's probes only: what is measured is the spell
+    gate = DraftGate(DraftGateConfig(probe_close_margin=0.0))  # the back-off's probes only: what is measured is the spell
     plain_steps = drafted_after = 0
     for step in range(steps):
         if shared_level:
@@ -654,7 +653,7 @@ def test_near_break_even_probes_often_enough_to_find_a_draft_that_pays():
     modest = torch.tensor([[0.1, 0.05, 0.0]], dtype=torch.float64)
     results = {}
     for name, margin in (("near", 0.15), ("back-off", 0.0)):
-        gate = DraftGate("auto", probe_close_margin=margin)
+        gate = DraftGate(DraftGateConfig(probe_close_margin=margin))
         common = dict(survival=modest, cost=FlatCost(0.012), skip=0.010, drafted_seconds=0.012)
         _serve(gate, 400, realized_tokens=1.0, **common)
         assert gate.probe_interval == 64
@@ -670,13 +669,13 @@ def test_a_stale_reading_gives_way_to_the_population_prior():
     on one low reading; a fresh reading still decides (the pause and the step after it: the overlap path reads
     confidences two steps back), and without a prior the pause holds."""
     prior = HIGH.to(torch.float64)
-    gate = DraftGate("auto", probe_min=64, probe_max=64)
+    gate = DraftGate(DraftGateConfig(probe_min=64, probe_max=64))
     assert gate.decide(lagged_survival=HIGH, cost_with_draft=FlatCost(0.02), seconds_without_draft=0.01,
                        skip_samples=10, num_requests=1, prior_survival=prior).reason == "pays"
     trace = [gate.decide(lagged_survival=LOW, cost_with_draft=FlatCost(0.02), seconds_without_draft=0.01,
                          skip_samples=10, num_requests=1, prior_survival=prior).reason for _ in range(5)]
     assert trace == ["pause", "pause", "pays", "pause", "pause"]  # the resumed step's reading is fresh (and low)
-    gate = DraftGate("auto", probe_min=64, probe_max=64)
+    gate = DraftGate(DraftGateConfig(probe_min=64, probe_max=64))
     trace = [_decide(gate, LOW).reason for _ in range(5)]
     assert trace == ["pause"] * 5
 
@@ -725,9 +724,9 @@ def test_admission_reads_the_prior_for_rows_without_a_confidence():
         confidence = torch.full((requests, gamma), 0.05)
         generation = torch.tensor([5] + [0] * (requests - 1))  # only row 0 drafted for this request generation
         current = torch.full((requests,), 5)
-        k = planner.compute_budget(confidence=confidence, generation=generation, current_generation=current,
-                                   req_pool_indices_cpu=torch.arange(requests))
-        return k, planner.last_survival
+        survival = planner.lagged_survival(confidence=confidence, generation=generation, current_generation=current,
+                                           req_pool_indices_cpu=torch.arange(requests))
+        return planner.budget_for(survival), survival
 
     k_upstream, survival = budget(None)
     assert k_upstream == 7 * 3 and torch.equal(survival[1:], torch.ones(7, 3))  # unknown rows verified in full
@@ -739,8 +738,9 @@ def test_admission_reads_the_prior_for_rows_without_a_confidence():
 
 
 def test_a_step_the_gate_skips_runs_no_capacity_search():
-    """The gate decides inside compute_budget, from the same (prior-filled) survivals, before the capacity search:
-    a skipped step gets budget 0 without the search; a drafted one gets the search's budget; one decision per step."""
+    """The gate decides from the budget's own survivals, before the capacity search: a skipped step gets budget 0
+    without a search; a drafted one whose decision searched these survivals with the served cost takes that search's
+    budget (one search per step); a decision that read something else (the prior) leaves the search to the policy."""
     from sglang_dspark.engine.planner import AdmissionBudgetPlanner
     from sglang_dspark.scheduling.draft_gate import GateDecision
     from sglang_dspark.scheduling.policy import AdmissionPolicy
@@ -752,29 +752,21 @@ def test_a_step_the_gate_skips_runs_no_capacity_search():
             CountingPolicy.searches += 1
             return 5
 
-    seen = []
-
-    def planner_with(draft):
-        planner = AdmissionBudgetPlanner.__new__(AdmissionBudgetPlanner)
-        planner.carry_steps = 0
-        planner.forced_budget_frac = None
-        planner.policy = CountingPolicy("async")
-        planner.cost = FlatCost(0.01)
-        planner.decide_draft = lambda survival, requests: seen.append((survival.clone(), requests)) or GateDecision(
-            draft, "pays" if draft else "pause")
-        return planner
-
-    def budget(planner):
-        return planner.compute_budget(confidence=torch.full((2, 3), 0.5), generation=torch.tensor([4, 4]),
-                                      current_generation=torch.tensor([4, 4]), req_pool_indices_cpu=torch.arange(2))
-
-    skip = planner_with(False)
-    assert budget(skip) == 0 and CountingPolicy.searches == 0 and not skip.gate_decision.draft
-    assert len(seen) == 1 and seen[0][1] == 2 and torch.allclose(seen[0][0], skip.last_survival)
-    draft = planner_with(True)
-    assert budget(draft) == 5 and CountingPolicy.searches == 1 and draft.gate_decision.draft and len(seen) == 2
-    draft.decide_draft = None  # not a gated step: no decision, the search runs
-    assert budget(draft) == 5 and draft.gate_decision is None and CountingPolicy.searches == 2
+    planner = AdmissionBudgetPlanner.__new__(AdmissionBudgetPlanner)
+    planner.carry_steps = 0
+    planner.forced_budget_frac = None
+    planner.policy = CountingPolicy("async")
+    planner.cost = FlatCost(0.01)
+    survival = planner.lagged_survival(confidence=torch.full((2, 3), 0.5), generation=torch.tensor([4, 4]),
+                                       current_generation=torch.tensor([4, 4]), req_pool_indices_cpu=torch.arange(2))
+    assert planner.budget_for(survival, GateDecision(False, "pause")) == 0 and CountingPolicy.searches == 0
+    assert planner.budget_for(survival, GateDecision(True, "pays", budget=3)) == 3 and CountingPolicy.searches == 0
+    assert planner.budget_for(survival, GateDecision(True, "probe")) == 5 and CountingPolicy.searches == 1
+    assert planner.budget_for(survival) == 5 and CountingPolicy.searches == 2  # not a gated step
+    gate = DraftGate()  # the gate's own search is the policy's: same survivals, same cost, same first maximum
+    decision = gate.decide(lagged_survival=HIGH, cost_with_draft=FlatCost(0.02), seconds_without_draft=0.01,
+                           skip_samples=10, num_requests=1)
+    assert decision.draft and decision.budget == int(capacity_from_survival(HIGH, FlatCost(0.02), 1))
 
 
 def test_each_step_outcome_reaches_the_gate_with_the_choice_it_was_decided_with():
@@ -789,8 +781,8 @@ def test_each_step_outcome_reaches_the_gate_with_the_choice_it_was_decided_with(
                                 default_verify_len=4, drafted=True, gate_choice=choice)
     assert record.gate_choice is choice and record.seconds == pytest.approx(0.040)
     planner = AdmissionVerifyPlanner.__new__(AdmissionVerifyPlanner)
-    planner.step_cost = None
-    planner.draft_gate = DraftGate("auto")
+    planner.step_costs = None
+    planner.draft_gate = DraftGate()
     planner.draft_gate.draft_seconds.min_steps = 1
     planner.survival_prior = SurvivalPrior()
     planner._stats_error_logged = False
@@ -840,9 +832,9 @@ def test_each_load_learns_what_its_own_drafted_steps_commit():
     four_users = dict(num_requests=4, survival_row=row, drafted_seconds=0.012, realized_per_request=1.15)
     results = {}
     for name in ("bucketed", "pooled"):
-        gate = DraftGate("auto", probe_close_margin=0.0)  # the back-off's probes only: what is measured is the fit
+        gate = DraftGate(DraftGateConfig(probe_close_margin=0.0))  # the back-off's probes only: what is measured is the fit
         if name == "pooled":
-            gate.realized_tokens_by_load = _PooledOnly()
+            gate.realized.by_load = _PooledOnly()
         drafted_first, _ = _serve_load(gate, 300, **one_user)
         assert drafted_first >= 0.9 * 300  # drafting pays at one user either way
         results[name] = _serve_load(gate, 600, **four_users)
@@ -854,7 +846,7 @@ def test_each_load_learns_what_its_own_drafted_steps_commit():
 def test_a_step_never_commits_more_than_its_verified_drafts():
     """A fit that reads every prediction high (drafted steps realized 3 tokens where 1.5 were predicted) cannot make a
     drafted step that verifies no draft (K = 0) look better than a plain one: it commits the anchors only."""
-    gate = DraftGate("auto")
+    gate = DraftGate()
     for _ in range(8):
         gate.realized_tokens.observe(1.5, 3.0)
     choice = should_draft(torch.zeros(2, 3, dtype=torch.float64), FlatCost(0.010), 0.010, 2)
@@ -867,7 +859,7 @@ def test_a_stale_plain_step_cost_is_remeasured_sooner_near_break_even():
     """While drafting, the plain-step cost is the one measured before the spell began. Near break-even (corrected
     throughputs within close_margin) a plain step re-measures it every refresh_close_every drafted steps; far from
     it, every refresh_skip_every."""
-    gate = DraftGate("auto", refresh_close_every=8, refresh_skip_every=40, close_margin=0.25)
+    gate = DraftGate(DraftGateConfig(refresh_close_every=8, refresh_skip_every=40, close_margin=0.25))
     thin = torch.tensor([[0.15, 0.05, 0.0]], dtype=torch.float64)  # 1.2 tokens per 11 ms drafted step: +9 %
     wide = torch.tensor([[0.9, 0.8, 0.7]], dtype=torch.float64)  # 3.4 tokens per 11 ms: +209 %
     for survival, interval in ((thin, 8), (wide, 40)):
@@ -893,8 +885,8 @@ def test_the_gate_trace_writes_what_the_gate_predicted_and_what_the_step_did(tmp
     choice = should_draft(HIGH, FlatCost(0.02), 0.01)  # 3.94 tokens in 20 ms drafted, 1 in 10 ms plain
     recorder = StepRecorder("cpu", clock=iter([0.0, 0.040, 1.0, 1.012]).__next__)
     planner = AdmissionVerifyPlanner.__new__(AdmissionVerifyPlanner)
-    planner.step_cost = None
-    planner.draft_gate = DraftGate("auto")
+    planner.step_costs = None
+    planner.draft_gate = DraftGate()
     planner.draft_gate.decide(lagged_survival=HIGH, cost_with_draft=FlatCost(0.02), seconds_without_draft=0.01,
                               skip_samples=10, num_requests=1)
     planner.survival_prior = SurvivalPrior()

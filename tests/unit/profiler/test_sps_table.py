@@ -28,7 +28,7 @@ from sglang_dspark.profiler.sps_cache import (
     model_config_fingerprint,
 )
 from sglang_dspark.profiler.sps_table import SpsTable, SpsTableError
-from sglang_dspark.profiler.upstream_sps import load_sps_table_file
+from sglang_dspark.profiler.upstream_sps import load_sps_table_file, table_from_upstream
 
 GAMMA = 7
 
@@ -246,7 +246,7 @@ def test_upstream_cost_table_loads(upstream_sps, tmp_path):
     assert_sps_non_increasing_in_b(table, 6)
     # The same through a dict, JSON text and the struct itself.
     for obj in (json.loads(upstream.to_json()), upstream.to_json(), upstream):
-        assert SpsTable.from_upstream(obj).probe_seconds() == table.probe_seconds()
+        assert table_from_upstream(obj).probe_seconds() == table.probe_seconds()
 
 
 def test_upstream_additive_table_loads(upstream_sps, tmp_path):
@@ -267,7 +267,7 @@ def test_upstream_additive_table_loads(upstream_sps, tmp_path):
             assert table.step_seconds(r, b) == pytest.approx(upstream.step_time(num_reqs=r, budget=budget), rel=1e-12)
     assert table.step_seconds(4, 200) > upstream.step_time(num_reqs=4, budget=196)  # θ past 128 is not clamped
     assert table.metadata["upstream_format"] == "SpsAdditiveCostTable"
-    assert SpsTable.from_upstream(upstream, max_requests=20).probe_seconds() == table.probe_seconds()
+    assert table_from_upstream(upstream, max_requests=20).probe_seconds() == table.probe_seconds()
 
 
 def test_bad_upstream_tables_are_refused():
@@ -281,7 +281,7 @@ def test_bad_upstream_tables_are_refused():
         "[1, 2",
     ):
         with pytest.raises(SpsTableError):
-            SpsTable.from_upstream(bad)
+            table_from_upstream(bad)
 
 
 def test_our_own_format_loads_from_a_table_path(plan, tmp_path):

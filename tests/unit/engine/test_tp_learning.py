@@ -1,6 +1,6 @@
 """Rank-identical verify budgets under TP (issue #38, item 2; ``engine/rank_learning.py``), over real gloo groups.
 
-Three spawned ranks (gloo, ``init_method=file://``, as tests/unit/test_tp_consensus.py) each build our real planner
+Three spawned ranks (gloo, ``init_method=file://``, as tests/unit/profiler/test_tp_consensus.py) each build our real planner
 (``AdmissionVerifyPlanner`` on upstream's ``DSparkVerifyPlanner``, stand-ins for SGLang's runtime context) with the
 same SPS table, then serve the same decode-step sequence: rank 0 draws each step (requests arriving and leaving, the
 lagged confidences the relay resolves, what the step commits) and broadcasts it, as upstream broadcasts the draft.
@@ -221,8 +221,8 @@ def serve(group, rank: int, scenario: str) -> dict:
                                                    verify_num_draft_tokens=GAMMA + 1, min_verify_len=1)
         assert tier_tokens == batch.spec_verify_tier_num_tokens
         graph_tier = round_up_grid(tier_tokens, TIERS)
-        known = planner._budget_planner.last_known_rows
-        unknown_rows = int((~known).sum()) if known is not None else 0
+        gens, lagged_gens = torch.tensor(s["gens"]), torch.tensor(s["lagged_gen"])
+        unknown_rows = int((~((gens >= 1) & (lagged_gens == gens))).sum())  # upstream's rule for a known row
         # The step runs: this rank's own time; its records land after this rank's delay.
         clock.step = step
         clock.delay = (1, 2, timing.choice([1, 1, 2, 3, 6]))[rank]
@@ -359,16 +359,17 @@ def test_install_sps_table_applies_the_decision_with_one_log_line(tp_size, monke
 
 
 def test_the_draft_gate_reads_the_same_decision():
-    """One switch: the worker does not install the gate where the planner's decision keeps learning off."""
+    """One switch: the gate is not installed where the planner's decision keeps learning off."""
+    from sglang_dspark.engine.planner import AdmissionVerifyPlanner
     from sglang_dspark.engine.rank_learning import ParallelFacts, decide_rank_learning
-    from sglang_dspark.engine.worker import DSparkWorker
+
+    class CompactPlanner(AdmissionVerifyPlanner):
+        is_compact_mode, mode_value = True, "compact"
 
     off = decide_rank_learning(ParallelFacts(tp_size=2))
-    planner = types.SimpleNamespace(_budget_planner=object(), policy=types.SimpleNamespace(name="async"),
-                                    is_compact_mode=True, mode_value="compact", sps_table=object(), rank_learning=off)
-    worker = DSparkWorker.__new__(DSparkWorker)
-    worker._verify_planner = planner
-    worker._deferred_commit = lambda: None
-    assert worker._draft_gate_blocker() == off.reason
+    planner = CompactPlanner.__new__(CompactPlanner)
+    planner.__dict__.update(_budget_planner=object(), policy=types.SimpleNamespace(name="async"),
+                            sps_table=object(), rank_learning=off)
+    assert planner.draft_gate_blocker(deferred_commit=False) == off.reason
     planner.rank_learning = decide_rank_learning(ParallelFacts())
-    assert worker._draft_gate_blocker() is None
+    assert planner.draft_gate_blocker(deferred_commit=False) is None

@@ -15,7 +15,7 @@ from sglang_dspark.engine.arg_resolution import SHIPPED_STS_NAME, shipped_sts_pa
 from sglang_dspark.embedded.defaults import PACKAGED_DRAFT_DIR, is_embedded_target
 from sglang_dspark.draft.checkpoint import expected_tensor_names, load_draft
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MAX_BYTES = 40 * 1024 * 1024  # issue 4: the shipped draft stays under 40 MB
 SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "num_target_layers": 30}
 

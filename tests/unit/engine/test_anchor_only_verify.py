@@ -23,6 +23,7 @@ from scipy import stats
 
 from sglang.kernels.ops.speculative.dspark import dspark_accept
 from sglang_dspark.engine.anchor_only_verify import AnchorOnlyVerifyExecutor
+from sglang_dspark.engine.step_plan import CurrentStep, StepPlan
 from sglang_dspark.kernels.rejection_sampling import chain_speculative_sampling_torch
 from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResult
 
@@ -73,7 +74,8 @@ def _sampling_info(bs, temperature, top_k=VOCAB, top_p=1.0, greedy_rows=None):
 def _accept(compact: bool, bs: int, sampling_info, greedy_mask: torch.Tensor):
     """One skipped step of ``bs`` requests, every anchor row carrying LOGITS; returns AcceptOuts."""
     executor = _executor()
-    executor.compact_anchor_step = compact
+    executor.step = CurrentStep()
+    executor.step.plan = StepPlan(draft=False, compact_anchor=compact)
     anchors = torch.full((bs,), 3, dtype=torch.int64)
     draft_tokens = anchors[:, None].expand(bs, GAMMA).contiguous()  # GatedDraftBlockProposer's placeholder
     verify_ids = torch.cat([anchors[:, None], draft_tokens], dim=1)

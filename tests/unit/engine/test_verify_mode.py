@@ -635,6 +635,10 @@ def test_explain_default_launch_on_flashinfer_gpus(gpu, draft, clean_env):
     # Upstream FlashInfer raises at CUDA-graph capture on a ragged layout; our patch runs it once its on-device
     # self-check passed: compact graphs, probing the captured tiers.
     assert "runs at start-up" in result["ragged_self_check"]
+    # ... and says what it checks, at which precision, and its time bound and retry policy
+    for needle in ("ieee precision", "1.56e-02 of the reference attention of |V|", "time bound 600 s",
+                   "retried at the first start 24 h later"):
+        assert needle in result["ragged_self_check"], result["ragged_self_check"]
     assert (result["verify_mode"], result["admission_policy"]) == ("compact", "async")
     assert result["sps_probe_shapes"] and all(b % 8 == 0 for _, b in result["sps_probe_shapes"])
     assert "flashinfer_ragged_verify" in result["reason"]

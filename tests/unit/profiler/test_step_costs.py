@@ -1,0 +1,50 @@
+"""The step costs the capacity search and the gate read (profiler/step_costs.py), and the one door served steps
+teach them through."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_dspark.profiler.step_costs import StepCosts
+
+
+class LinearTable:
+    """verify(R, B) = 10 ms + 1 ms per verified token."""
+
+    def step_seconds(self, num_requests, verify_tokens):
+        return 0.010 + 0.001 * verify_tokens
+
+    def summary(self):
+        return {"source": "test"}
+
+
+def record(requests, verify_lens, drafted, seconds):
+    return SimpleNamespace(commit_lens=[1] * requests, verify_lens=verify_lens, drafted=drafted, seconds=seconds)
+
+
+def test_plain_is_unknown_until_a_plain_step_was_timed_then_table_plus_level():
+    costs = StepCosts(LinearTable())
+    assert costs.plain(2) is None and costs.pairs(2) == 0
+    costs.observe(record(2, [1, 1], drafted=False, seconds=0.020))  # 12 ms of verify, 8 ms of the rest
+    assert costs.plain(2) == pytest.approx(0.020)
+    assert costs.observe(record(2, [1, 1], drafted=False, seconds=None)) is False  # an untimed step teaches nothing
+
+
+def test_a_drafted_plain_pair_teaches_the_draft_block():
+    costs = StepCosts(LinearTable())
+    for _ in range(4):
+        costs.observe(record(1, [4], drafted=True, seconds=0.014 + 0.005 + 0.003))  # verify + level + block
+        costs.observe(record(1, [1], drafted=False, seconds=0.011 + 0.005))
+    assert costs.pairs(1) >= 3
+    assert 1.0 / costs.drafted.steps_per_second(1, 4) == pytest.approx(0.022, abs=0.002)
+    assert costs.plain(1) == pytest.approx(0.016, abs=0.001)
+
+
+def test_a_table_slower_than_the_served_steps_is_scaled_down():
+    costs = StepCosts(LinearTable(), source="test")
+    changed = [costs.observe(record(1, [1], drafted=False, seconds=0.0055)) for _ in range(40)]  # half the table
+    assert any(changed) and costs.drafted.verify_scale == pytest.approx(0.5, rel=0.05)
+    summary = costs.table_summary()
+    assert summary["source"] == "test" and summary["corrections"] >= 1

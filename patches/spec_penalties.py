@@ -67,7 +67,8 @@ _RUN_NON_COMPACT = "sglang.srt.speculative.dspark_components.dspark_verify.Targe
 _RUN_COMPACT = "sglang.srt.speculative.dspark_components.dspark_verify.TargetVerifyExecutor.run_compact"
 _ADJUSTMENTS_NOOP = "sglang.srt.speculative.dspark_components.dspark_verify.verify_logits_adjustments_are_noop"
 
-_KNOWN_PENALIZERS = {
+# The penalizers penalty_state reads; any other is logged once and not applied inside verify windows.
+KNOWN_PENALIZERS = {
     "BatchedFrequencyPenalizer",
     "BatchedPresencePenalizer",
     "BatchedRepetitionPenalizer",

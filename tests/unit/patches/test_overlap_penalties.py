@@ -24,15 +24,11 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo  # noqa: E
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from sglang_dspark.patches import overlap_penalties  # noqa: E402
+from sglang_dspark.patches import spec_penalties  # noqa: E402
 from sglang_dspark.patches.spec_penalties import penalty_state  # noqa: E402
 
 VOCAB = 32
-PENALIZERS = {
-    penaltylib.BatchedFrequencyPenalizer,
-    penaltylib.BatchedPresencePenalizer,
-    penaltylib.BatchedRepetitionPenalizer,
-    penaltylib.BatchedMinNewTokensPenalizer,
-}
+PENALIZERS = {getattr(penaltylib, name) for name in spec_penalties.KNOWN_PENALIZERS}
 # The upstream functions the hooks wrap (no unit test applies the HookRegistry's patches).
 UPSTREAM_CUMULATE = ScheduleBatch.cumulate_penalty_output_tokens
 UPSTREAM_ISOLATION = Scheduler._forward_isolation

@@ -19,12 +19,7 @@ penaltylib = pytest.importorskip("sglang.srt.sampling.penaltylib")
 from sglang_dspark.patches import spec_penalties  # noqa: E402
 
 VOCAB = 32
-PENALIZERS = {
-    penaltylib.BatchedFrequencyPenalizer,
-    penaltylib.BatchedPresencePenalizer,
-    penaltylib.BatchedRepetitionPenalizer,
-    penaltylib.BatchedMinNewTokensPenalizer,
-}
+PENALIZERS = {getattr(penaltylib, name) for name in spec_penalties.KNOWN_PENALIZERS}
 
 
 class _Batch:

@@ -1,6 +1,6 @@
 """Sampled DSPARK verify draws from exactly the non-speculative sampler's distribution under min_p and top-k + top-p.
 
-What SGLang 0.5.23 does (read from the source; measured with ``tests/e2e/test_sampled_exactness.py``):
+What SGLang 0.5.23 does (read from the source; measured with ``tests/e2e/test_e2e_sampled_exactness.py``):
 
 * The sampled verify forms its target distribution in ``_accept_sampling_core``
   (``sglang/kernels/ops/speculative/dspark/dspark_accept.py:108-121``): ``SoftmaxTemp`` (temperature only) when

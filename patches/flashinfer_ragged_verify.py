@@ -2,7 +2,7 @@
 
 Installed (``apply()``, by ``plugin.register`` in the scheduler processes) only where the launcher chose compact on
 flashinfer with CUDA graphs, which it does only after this patch passed the on-device self-check at start-up
-(``engine/ragged_self_check.py``: the FlashInfer half of ``engine/ragged_verify_parity.py`` on the GPU, cached per GPU
+(``engine/self_check/ragged_self_check.py``: the FlashInfer half of ``engine/self_check/ragged_verify_parity.py`` on the GPU, cached per GPU
 and software); otherwise flashinfer stays static under graphs. FlashInfer's JIT kernels need a GPU, so only the host
 side below is tested on the CPU (tests/unit/engine/test_ragged_verify_flashinfer.py); ``GPU_CHECKS`` lists what a
 maintainer's GPU run adds (scripts/gpu_smoke.sh).
@@ -432,7 +432,7 @@ def install_device_only_layout_fix() -> None:
 @install_once
 def apply() -> Optional[type]:
     """Register the FlashInfer ragged-verify graph patch (plugin.register calls it only where the launcher exported
-    flashinfer after a passed self-check, engine/ragged_self_check.py). Returns the class."""
+    flashinfer after a passed self-check, engine/self_check/ragged_self_check.py). Returns the class."""
     from sglang_dspark.version_guard import require_supported_sglang
 
     require_supported_sglang()

@@ -6,7 +6,7 @@ tensor operation; an exception there is fatal: the scheduler exits, SIGQUITs the
 the whole server is gone (a few more only wedge it, or answer HTTP 500). Measured with
 ``scripts/fuzz_inputs.py --without-dspark-plugin`` (stock SGLang 0.5.23 on our CPU platform, tiny pair, vocabulary
 4096; the /v1 rows take the same tokenizer-manager and scheduler path as the /generate ones once converted); the
-input guard's column with and without DSPARK (``tests/e2e/test_input_guard_e2e.py``). ``v`` is the model's
+input guard's column with and without DSPARK (``tests/e2e/test_e2e_input_guard.py``). ``v`` is the model's
 ``vocab_size`` (``model_config.vocab_size``).
 
 +------------------------------------------+------------------------------------------------+--------------------------+

@@ -2,7 +2,7 @@
 scheduler (SGLang 0.5.23 hooks; switch ``SGLANG_DSPARK_OVERLAP_PENALTIES``).
 
 Why we diverge from upstream (read from the source; measured against a transformers ground truth on the CPU,
-``tests/e2e/test_penalties_e2e.py``): the penalizers count a decode step's input token (the token generated last)
+``tests/e2e/test_e2e_penalties.py``): the penalizers count a decode step's input token (the token generated last)
 in ``ScheduleBatch.cumulate_penalty_output_tokens``, called from ``prepare_for_decode`` (managers/schedule_batch.py
 3715-3770), which reads it from ``req.output_ids[-1]``. The overlap loop (scheduler.py ``event_loop_overlap``
 2061-2134) prepares batch k before it processes the result of step k-1, so ``output_ids`` still lacks that token:

@@ -1,6 +1,6 @@
 """A speculative request near the KV limit ends with ``length``, not with an HTTP 500 abort (issue #15).
 
-What SGLang 0.5.23 does (read from the source; seen in ``tests/e2e/test_soak.py``): ``Scheduler.
+What SGLang 0.5.23 does (read from the source; seen in ``tests/e2e/test_e2e_soak.py``): ``Scheduler.
 init_req_max_new_tokens`` (managers/scheduler.py ~2693-2740) clamps ``max_new_tokens`` to ``max_req_len -
 input_len - 1``, with ``max_req_len = min(context_len, KV capacity) - 1`` (tp_worker.py ~568-572). That bound is
 exact for plain decoding, which needs one new slot per step. A speculative decode step allocates the committed

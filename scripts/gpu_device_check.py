@@ -3,7 +3,7 @@
 
 Nothing from SGLang, FlashInfer or this repository's package is imported: it imports its sibling
 ``scripts/gpu_kernels_check.py`` from its folder, which loads our two kernel files by path, and loads
-``sglang_dspark/engine/step_record.py`` and ``sglang_dspark/engine/ragged_verify_cases.py`` by path; each of them
+``sglang_dspark/engine/step_record.py`` and ``sglang_dspark/engine/self_check/ragged_verify_cases.py`` by path; each of them
 imports only torch, triton and the standard library (``tests/unit/scripts/test_gpu_device_check.py``).
 It prints one table (``--json PATH`` keeps the report) and exits 1 if a check fails, 2 if it cannot run here:
 
@@ -12,9 +12,9 @@ It prints one table (``--json PATH`` keeps the report) and exits 1 if a check fa
    table stays there);
 2. precision, the start-up self-check's question: SGLang's Triton extend kernels call ``tl.dot`` without
    ``input_precision``, which is TF32 on NVIDIA unless ``TRITON_F32_DEFAULT`` says otherwise (the self-check,
-   ``sglang_dspark/engine/ragged_verify_parity.py``, sets it to ieee), and the self-check holds its fp32 cases to an
+   ``sglang_dspark/engine/self_check/ragged_verify_parity.py``, sets it to ieee), and the self-check holds its fp32 cases to an
    absolute tolerance and its bf16 cases to a tolerance relative to rho (the attention of |V|). Our kernel runs the
-   self-check's own GPU eager Triton cases (``sglang_dspark/engine/ragged_verify_cases.py``, loaded by path; the
+   self-check's own GPU eager Triton cases (``sglang_dspark/engine/self_check/ragged_verify_cases.py``, loaded by path; the
    CPU dry run takes one small case per dtype): fp32 with ``input_precision="ieee"`` and ``"tf32"`` against the
    fp32 oracle (fp64 in the note), bf16 against the oracle of the same bf16 values. ieee and bf16 must pass (the
    self-check's tolerances are reachable by a correct kernel); tf32 is a measurement (expected over the tolerance)
@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Repository files this script runs (the kernel check loads the two kernel files itself).
 KERNEL_CHECK_PATH = REPO / "scripts" / "gpu_kernels_check.py"
 STEP_RECORD_PATH = REPO / "sglang_dspark" / "engine" / "step_record.py"
-SELF_CHECK_CASES_PATH = REPO / "sglang_dspark" / "engine" / "ragged_verify_cases.py"
+SELF_CHECK_CASES_PATH = REPO / "sglang_dspark" / "engine" / "self_check" / "ragged_verify_cases.py"
 
 # The self-check's constants, copied because their module belongs to the sglang_dspark package and runs SGLang's
 # kernels (tests/unit/scripts/test_gpu_device_check.py asserts they stay equal). Its cases are read from

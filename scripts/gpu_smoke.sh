@@ -12,8 +12,8 @@
 # Ragged (compact) verify inside CUDA graphs on triton / flashinfer (issue #10), what a GPU run must show:
 #   0. bare GPU (torch + triton only, < 8 min): `python scripts/gpu_kernels_check.py`: our Triton ragged verify kernel
 #      vs the torch oracle in bf16/fp32, CUDA-graph replays with changing lengths, time ragged vs padded to γ+1.
-#   1. kernels, ~1 min: `python -m sglang_dspark.engine.ragged_verify_parity --device cuda` (exit 0); the server runs
-#      the same harness at start-up before it opens compact there (engine/ragged_self_check.py):
+#   1. kernels, ~1 min: `python -m sglang_dspark.engine.self_check.ragged_verify_parity --device cuda` (exit 0); the server runs
+#      the same harness at start-up before it opens compact there (engine/self_check/ragged_self_check.py):
 #      - triton: patched metadata + SGLang's extend_attention_fwd / extend_attention_fwd_unified captured in real CUDA
 #        graphs per token tier, replayed with ragged layouts of fewer requests: max_abs_err <= 2e-5 (fp32);
 #      - flashinfer: per-tier BatchPrefillWithPagedKVCacheWrapper(use_cuda_graph=True) captured, replays planned by

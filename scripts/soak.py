@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Soak a DSPARK server (longer than tests/e2e/test_soak.py, same code: sglang_dspark/testing/soak.py).
+"""Soak a DSPARK server (longer than tests/e2e/test_e2e_soak.py, same code: sglang_dspark/testing/soak.py).
 
     .venv/bin/python scripts/soak.py                          # tiny pair, 10 min, 8 clients, --max-total-tokens 2048
     .venv/bin/python scripts/soak.py --duration 1800 --json soak.json

@@ -52,12 +52,12 @@ def register() -> None:
 
     # dflash_info's eager FlashInfer packing breaks on a device-only ragged layout (a TypeError, then FlashInfer's
     # q-rows check): fixed everywhere.
-    from sglang_dspark.engine.ragged_self_check import patched_backends
+    from sglang_dspark.engine.self_check.ragged_self_check import patched_backends
     from sglang_dspark.patches import flashinfer_ragged_verify
 
     flashinfer_ragged_verify.install_device_only_layout_fix()
     # Ragged verify on SGLang's Triton backend / FlashInfer in CUDA graphs (issue #10): only where the launcher chose
-    # compact for that backend after the patch passed its on-device self-check (engine/ragged_self_check.py).
+    # compact for that backend after the patch passed its on-device self-check (engine/self_check/ragged_self_check.py).
     ragged_patches = patched_backends()
     if "triton" in ragged_patches:
         from sglang_dspark.patches import triton_ragged_verify

@@ -8,7 +8,7 @@
    tuning by hand. An explicit path always wins.
 4. With our worker, pick the verify mode (``engine/verify_mode.py``): compact only where the attention backend runs
    ragged verify correctly in the mode in use (CUDA graphs or eager; on triton / flashinfer graphs after our
-   patch's on-device self-check, ``engine/ragged_self_check.py``) and the draft's config says it has a confidence
+   patch's on-device self-check, ``engine/self_check/ragged_self_check.py``) and the draft's config says it has a confidence
    head, wherever the draft comes from (``engine/draft_head.py``), static otherwise, with one log line saying
    why. SGLang builds the draft (and its confidence head) from ``SGLANG_RAGGED_VERIFY_MODE`` in the scheduler
    process, which inherits the launcher's environment; the choice is made here, before upstream's own resolution
@@ -75,8 +75,8 @@ def _draft_path_known_before_upstream(view):
 
 def _with_ragged_self_check(facts):
     """Run (or read the kept verdict of) the on-device check that opens compact verify through our triton /
-    flashinfer patches, only where compact hangs on nothing else (engine/ragged_self_check.py)."""
-    from sglang_dspark.engine import ragged_self_check
+    flashinfer patches, only where compact hangs on nothing else (engine/self_check/ragged_self_check.py)."""
+    from sglang_dspark.engine.self_check import ragged_self_check
 
     result = ragged_self_check.self_check(facts.attention_backend, ragged_self_check.gpu_identity())
     (logger.info if result.passed else logger.warning)(
@@ -97,7 +97,7 @@ def _apply_verify_mode(view, draft_path, policy, user_mode, head=None):
 
     ``head`` (engine/draft_head.py) is read from ``draft_path`` when not given; a head that could not be read counts
     as none: compact only for a draft whose config was read and has one (upstream would refuse to start otherwise)."""
-    from sglang_dspark.engine.ragged_self_check import export_patched_backends
+    from sglang_dspark.engine.self_check.ragged_self_check import export_patched_backends
 
     head = head if head is not None else _draft_head(view, draft_path)
     facts = facts_from_server_args(view, head.present is True, policy, user_mode,

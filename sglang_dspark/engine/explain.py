@@ -15,7 +15,7 @@ resolution steps the verify-mode decision depends on as small pure tables, each 
   arg_groups/speculative_hook.py:852-857);
 * gamma: ``_handle_dspark`` (arg_groups/speculative_hook.py:806-839) over the draft's config.json;
 * where compact runs through our triton / flashinfer patch, the launch first runs their on-device self-check
-  (``engine/ragged_self_check.py``); explain cannot run it and assumes the outcome ``ragged_self_check``
+  (``engine/self_check/ragged_self_check.py``); explain cannot run it and assumes the outcome ``ragged_self_check``
   (``pass`` by default, ``fail`` shows the fallback), and says so in ``ragged_self_check``, with what the check
   runs (precision, tolerances, shapes) and its time bound and timeout retry policy (``check_summary``).
 
@@ -414,7 +414,7 @@ def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Op
             facts.cuda_graph):
         self_check_note = "not run: this launch is static before it (see reason)"
     if needs_ragged_self_check(facts):
-        from sglang_dspark.engine.ragged_self_check import check_summary
+        from sglang_dspark.engine.self_check.ragged_self_check import check_summary
 
         passed = ragged_self_check == "pass"
         self_check_note = (f"runs at start-up on the GPU (our {facts.attention_backend} ragged-verify patch, once per "

@@ -165,8 +165,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         self._decided_in_prepare = None  # (draft_input, GateDecision) of prepare_verify_budget, for plan_for
         self.step = CurrentStep()  # the plan of the step being run; the worker shares its own (engine/step_plan.py)
         self.compact_anchor_steps = 0  # skipped steps whose verify kept one logits row per request
-        self.plain_decode_steps = 0  # of those, steps run as SGLang's decode step (engine/plain_decode_step.py)
-        self.pending_context_kv = None  # their draft-KV rows held for one batched write (engine/pending_context_kv.py)
+        self.plain_decode_steps = 0  # of those, steps run as SGLang's decode step (engine/plain_step/plain_decode_step.py)
+        self.pending_context_kv = None  # their draft-KV rows held for one batched write (engine/plain_step/pending_context_kv.py)
         self.last_confidence: Optional[torch.Tensor] = None
         self.gate_trace = GateTrace.from_env()  # SGLANG_DSPARK_GATE_TRACE: one line per decode step, for diagnosis
         self._stats_error_logged = False

@@ -23,8 +23,8 @@ from sglang_dspark.scheduling.draft_gate import DraftChoice, GateDecision
 @dataclass(frozen=True)
 class StepPlan:
     """``draft``: run the draft block (False: verify the anchors only, a plain step). A skipped step keeps its logits
-    at one row per request (``compact_anchor``, engine/anchor_only_verify.py) where nothing reads them strided, and
-    runs as SGLang's own decode step (``plain_decode``, engine/plain_decode_step.py) where the target is eager too.
+    at one row per request (``compact_anchor``, engine/plain_step/anchor_only_verify.py) where nothing reads them strided, and
+    runs as SGLang's own decode step (``plain_decode``, engine/plain_step/plain_decode_step.py) where the target is eager too.
     ``decision``: the draft gate's (None: no gate on this server, or not a gated step)."""
 
     draft: bool = True

@@ -30,7 +30,7 @@ Evidence (SGLang 0.5.23, paths under ``sglang/srt/``), one line per backend:
   device ``qo_indptr`` in eager mode, copies the padded layout into the fixed graph buffers at capture and replay
   (max_extend_len = γ+1) and sets the flag; the Triton extend kernel reads ``qo_indptr`` on the device, so this adds
   no host sync (``needs_cpu_seq_lens = False``, ``triton_backend.py:153``). Compact in both modes once the patch
-  passed the on-device self-check (``engine/ragged_self_check.py``).
+  passed the on-device self-check (``engine/self_check/ragged_self_check.py``).
 * ``flashinfer`` inside CUDA graphs: the sglang-dspark patch ``patches/flashinfer_ragged_verify.py`` (per-tier
   wrappers, exact host plans through upstream's ``fast_prefill_plan``), behind the same self-check, and only for what
   the patch handles, decided before the self-check (which runs a synthetic dense model): one prefill wrapper, so no
@@ -94,7 +94,7 @@ SPS_PROBES_DP_ATTENTION_SKIPPED = (
 )
 # Compact on triton (both modes) and on flashinfer inside CUDA graphs runs through our patches, checked on the CPU
 # only (TRITON_INTERPRET=1, a FlashInfer stand-in): on a GPU they open after the on-device self-check passed
-# (engine/ragged_self_check.py; EngineFacts.ragged_self_check), else static, which is correct everywhere.
+# (engine/self_check/ragged_self_check.py; EngineFacts.ragged_self_check), else static, which is correct everywhere.
 
 
 @dataclass(frozen=True)
@@ -404,7 +404,7 @@ class EngineFacts:
     # where has_confidence_head was read, or why the draft's config could not be read (engine/draft_head.py); "" when
     # not said (simulations): goes into the reason when there is no head
     confidence_head_detail: str = ""
-    # the on-device ragged-verify self-check of our triton / flashinfer patches (engine/ragged_self_check.py):
+    # the on-device ragged-verify self-check of our triton / flashinfer patches (engine/self_check/ragged_self_check.py):
     # True passed, False failed or skipped, None not run; the detail goes into the reason
     ragged_self_check: Optional[bool] = None
     ragged_self_check_detail: str = ""

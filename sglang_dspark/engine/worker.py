@@ -12,8 +12,8 @@ this step. When it does not, the proposer (re-classed to :class:`GatedDraftBlock
 block instead of running the draft forward, the LM head over the γ slots, the Markov loop and the confidence head,
 and the planner verifies the anchors only (verify length 1 for every request). Where nothing reads the strided
 logits (no penalty, logit bias, grammar, logprobs) such a step runs as SGLang's own decode step plus the draft-KV
-injection when the target is eager (``engine/plain_decode_step.py``), else through upstream's verify with the logits
-kept at one row per request (:class:`AnchorOnlyVerifyExecutor`, ``engine/anchor_only_verify.py``). Otherwise
+injection when the target is eager (``engine/plain_step/plain_decode_step.py``), else through upstream's verify with the logits
+kept at one row per request (:class:`AnchorOnlyVerifyExecutor`, ``engine/plain_step/anchor_only_verify.py``). Otherwise
 everything after the draft is upstream's step: the verify of the anchor gives the target's own next token (greedy,
 or sampled through the rejection step against a one-hot placeholder, which returns a sample of the target
 distribution), and
@@ -38,9 +38,9 @@ from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWork
 
 from sglang_dspark import envs
 
-from sglang_dspark.engine.anchor_only_verify import AnchorOnlyVerifyExecutor, compact_anchor_step_eligible
-from sglang_dspark.engine.pending_context_kv import PendingContextKv
-from sglang_dspark.engine.plain_decode_step import plain_decode_eligible, run_plain_decode_step
+from sglang_dspark.engine.plain_step.anchor_only_verify import AnchorOnlyVerifyExecutor, compact_anchor_step_eligible
+from sglang_dspark.engine.plain_step.pending_context_kv import PendingContextKv
+from sglang_dspark.engine.plain_step.plain_decode_step import plain_decode_eligible, run_plain_decode_step
 from sglang_dspark.engine.step_plan import DRAFTED, CurrentStep, StepPlan
 from sglang_dspark.engine.step_record import StepRecorder
 
@@ -189,7 +189,7 @@ class DSparkWorker(DSparkWorkerV2):
             self._pending_context_kv.flush()
 
     def _forward_decode(self, batch, on_publish, grammar_barrier=None, coordination_plan=None):
-        # A skipped step planned as SGLang's own decode step (engine/plain_decode_step.py); otherwise upstream's step.
+        # A skipped step planned as SGLang's own decode step (engine/plain_step/plain_decode_step.py); otherwise upstream's step.
         if self._step.plan.plain_decode and coordination_plan is None:
             return run_plain_decode_step(self, batch, on_publish)
         self._flush_context_kv()  # a draft forward or upstream's commit_hidden comes next

@@ -139,10 +139,8 @@ class RealizedTokens(_Forgetting):
 
     The fit starts from a prior: ``prior_steps`` pseudo-steps, forgotten like real steps, blended in as
     ``(W · fit(x) + W₀ · prior(x)) / (W + W₀)`` (``W``, ``W₀``: the weights of the real and of the pseudo-steps);
-    the prior is the prediction itself (``y = x``) for the pooled fit, the pooled fit for a load bucket's. A hard
-    "fit only after N steps" let a fit of the first few drafted steps decide alone: four steps that committed 1.0
-    token each made every later prediction of 1.31 read 1.0, and paused a one-user draft whose drafted steps went on
-    to commit 1.44."""
+    the prior is the prediction itself (``y = x``) for the pooled fit, the pooled fit for a load bucket's: the first
+    few drafted steps never decide alone."""
 
     def __init__(self, *, half_life: float = 32.0, shrink: float = 0.5, prior_steps: float = 4.0) -> None:
         if not shrink > 0 or not prior_steps >= 0:

@@ -5,7 +5,7 @@ With ``DSPARK_TEST_ACCEPT_ALL_DRAFTS=1`` *and* this module installed in the serv
 chain sampler (``sglang_dspark.kernels.rejection_sampling.chain_speculative_sampling_torch``, the one the B7 hook of
 ``patches/cpu_dspark.py`` calls) gets all-zero acceptance coins: ``u * q = 0 < p`` accepts every draft token the
 target gives any probability, i.e. no ``min(1, p/q)`` ratio test. Tokens then follow the draft's distribution where
-it is not the target's, which ``tests/e2e/test_sampled_exactness.py`` must detect.
+it is not the target's, which ``tests/e2e/test_e2e_sampled_exactness.py`` must detect.
 
 Nothing in the package imports this module and no plugin entry point names it: a server is biased only when a test
 builds the environment with :func:`control_env`. The variable is read only here.

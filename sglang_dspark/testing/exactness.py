@@ -1,4 +1,4 @@
-"""Two-sample tests of sampled output (DSPARK vs no-spec) for ``tests/e2e/test_sampled_exactness.py``.
+"""Two-sample tests of sampled output (DSPARK vs no-spec) for ``tests/e2e/test_e2e_sampled_exactness.py``.
 
 A sample is a list of output-id tuples (one per completion). :func:`homogeneity_test` compares the law of a
 statistic of the completions (first token, first two tokens, ...) between two samples with Pearson's chi-square

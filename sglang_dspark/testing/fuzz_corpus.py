@@ -1,6 +1,6 @@
 """Malformed and extreme requests for the three generation endpoints, and a liveness-checked runner.
 
-Shared by ``tests/e2e/test_input_guard_e2e.py`` (the whole corpus against one no-spec and one DSPARK server) and
+Shared by ``tests/e2e/test_e2e_input_guard.py`` (the whole corpus against one no-spec and one DSPARK server) and
 ``scripts/fuzz_inputs.py`` (the corpus plus random combinations, with restarts, against any server: run it with
 ``--without-dspark-plugin`` to see what stock SGLang 0.5.23 does with each input).
 

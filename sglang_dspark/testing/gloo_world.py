@@ -1,17 +1,37 @@
 """Run one function in several spawned processes (simulated TP ranks over gloo, CPU tests) and collect their outputs.
 
-``rank_main(rank, world_size, init_file, results)`` must put ``(rank, output_dict)`` on ``results`` exactly once; an
-output holding ``"crash"`` (a traceback) fails the calling test, so does a rank that does not answer in time.
+``rank_main(rank, world_size, init_file, results)`` must put ``(rank, output_dict)`` on ``results`` exactly once
+(:func:`rank_report` does it); an output holding ``"crash"`` (a traceback) fails the calling test, so does a rank
+that does not answer in time.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import queue
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
+
+
+@contextmanager
+def rank_report(rank: int, results) -> Iterator[dict]:
+    """A rank's body fills the yielded dict; whatever happens, ``(rank, dict)`` goes on ``results`` (a crash as its
+    traceback under ``"crash"``) and the rank leaves its process group."""
+    import torch.distributed as dist
+
+    out: dict = {}
+    try:
+        yield out
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        out["crash"] = traceback.format_exc()
+    finally:
+        results.put((rank, out))
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def spawn_ranks(rank_main: Callable, world_size: int, folder: Path, wait_seconds: float) -> dict:

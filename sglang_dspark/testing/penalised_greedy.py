@@ -3,7 +3,7 @@
 SGLang 0.5.23's penalizers (``sglang/srt/sampling/penaltylib``) count **output** tokens only: frequency subtracts
 ``f × count``, presence subtracts ``p`` once a token appeared, both added to the logits, then repetition scales
 the logits of every token that appeared (``logit / r`` where positive, ``logit × r`` where negative), the order of
-``kernels/verify_penalties.py``. Used by ``tests/e2e/test_penalties_e2e.py`` to tell which server is right when
+``kernels/verify_penalties.py``. Used by ``tests/e2e/test_e2e_penalties.py`` to tell which server is right when
 DSPARK and no-spec disagree (no-spec has been seen to return, once in a while, a token this chain does not).
 """
 

@@ -1,6 +1,6 @@
 """Soak a running SGLang server: concurrent streaming clients, client-side aborts, mixed sampling, near the KV limit.
 
-Used by ``tests/e2e/test_soak.py`` (about a minute of load) and ``scripts/soak.py`` (longer, prints the figures).
+Used by ``tests/e2e/test_e2e_soak.py`` (about a minute of load) and ``scripts/soak.py`` (longer, prints the figures).
 Loopback only; bounded in requests and in time.
 
 What one run does (:func:`run_soak`):

@@ -110,7 +110,7 @@ def test_readme_demo_answers_through_dspark(pair, tmp_path):
 
 
 def test_drafting_after_plain_decode_steps_sees_the_full_context(pair, prompts, launch):
-    """A skipped step run as SGLang's decode step (engine/plain_decode_step.py) must still put its token's target
+    """A skipped step run as SGLang's decode step (engine/plain_step/plain_decode_step.py) must still put its token's target
     hidden states into the draft KV, at its position: the next drafted step then drafts from the full context.
     Draft every other step (``alternate``) so that every drafted step follows a skipped one, and compare the first-
     draft acceptance with skipped steps run as SGLang's decode step (default) against upstream's verify path

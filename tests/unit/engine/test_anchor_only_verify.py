@@ -1,4 +1,4 @@
-"""The compact accept of a gate-skipped step (``sglang_dspark/engine/anchor_only_verify.py``) against upstream's.
+"""The compact accept of a gate-skipped step (``sglang_dspark/engine/plain_step/anchor_only_verify.py``) against upstream's.
 
 On a step the draft gate skipped, upstream accepts from strided logits (R × verify width rows, row 0 of each request
 the anchor's, the rest zero) and a one-hot placeholder draft, capped at verify length 1; ours accepts from the R anchor
@@ -22,7 +22,7 @@ import torch
 from scipy import stats
 
 from sglang.kernels.ops.speculative.dspark import dspark_accept
-from sglang_dspark.engine.anchor_only_verify import AnchorOnlyVerifyExecutor
+from sglang_dspark.engine.plain_step.anchor_only_verify import AnchorOnlyVerifyExecutor
 from sglang_dspark.engine.step_plan import CurrentStep, StepPlan
 from sglang_dspark.kernels.rejection_sampling import chain_speculative_sampling_torch
 from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResult

@@ -1,4 +1,4 @@
-"""engine/pending_context_kv.py: the draft-KV rows of skipped steps, held and written in one batch.
+"""engine/plain_step/pending_context_kv.py: the draft-KV rows of skipped steps, held and written in one batch.
 
 The promise is that the draft KV ends up exactly as if every skipped step had written its rows itself, whatever the
 slots do in between (a slot handed to another request within a pause), and that the rows really go in one write. The
@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from sglang_dspark.engine.pending_context_kv import PendingContextKv, newest_row_per_slot
+from sglang_dspark.engine.plain_step.pending_context_kv import PendingContextKv, newest_row_per_slot
 
 HIDDEN = 6
 SLOTS = 40

@@ -1,5 +1,5 @@
-"""The on-device self-check that opens compact verify on triton / flashinfer (``engine/ragged_self_check.py``), the
-harness's case lists and tolerances (``engine/ragged_verify_cases.py``, ``engine/ragged_verify_parity.py``), and the
+"""The on-device self-check that opens compact verify on triton / flashinfer (``engine/self_check/ragged_self_check.py``), the
+harness's case lists and tolerances (``engine/self_check/ragged_verify_cases.py``, ``engine/self_check/ragged_verify_parity.py``), and the
 wiring: the launcher's verify-mode choice (``engine/arg_resolution.py``) and the patches ``plugin.register`` installs
 in the scheduler processes.
 
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_dspark.engine import ragged_self_check as rsc
-from sglang_dspark.engine import ragged_verify_cases as rvc
-from sglang_dspark.engine import ragged_verify_parity as parity
+from sglang_dspark.engine.self_check import ragged_self_check as rsc
+from sglang_dspark.engine.self_check import ragged_verify_cases as rvc
+from sglang_dspark.engine.self_check import ragged_verify_parity as parity
 from sglang_dspark.engine import verify_mode
 from sglang_dspark.engine.draft_head import DraftConfidenceHead
 

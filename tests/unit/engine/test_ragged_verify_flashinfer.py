@@ -20,7 +20,7 @@ import torch
 
 from sglang_dspark.kernels.ragged_verify_attention import ragged_verify_metadata
 from sglang_dspark.patches import flashinfer_ragged_verify as fi
-from sglang_dspark.engine.ragged_verify_parity import random_ragged_batches
+from sglang_dspark.engine.self_check.ragged_verify_parity import random_ragged_batches
 
 
 @pytest.fixture(scope="module")
@@ -482,7 +482,7 @@ STAND_IN_FLASHINFER = SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=_Stand
 
 
 def _stand_in_run(cases):
-    from sglang_dspark.engine import ragged_verify_parity as parity
+    from sglang_dspark.engine.self_check import ragged_verify_parity as parity
 
     section = parity.new_section()
     for seed, case in enumerate(cases):
@@ -496,8 +496,8 @@ def test_gpu_check_flashinfer_flow_on_a_stand_in():
     wrappers from upstream's _create_prefill_wrappers, host lengths from all three sources, upstream's
     call_begin_forward / generate_attn_arg_prefill / fast_prefill_plan, the backend's forward_extend), on the
     stand-in."""
-    from sglang_dspark.engine import ragged_verify_parity as parity
-    from sglang_dspark.engine.ragged_verify_cases import CPU_FLASHINFER_GRAPH
+    from sglang_dspark.engine.self_check import ragged_verify_parity as parity
+    from sglang_dspark.engine.self_check.ragged_verify_cases import CPU_FLASHINFER_GRAPH
 
     section = _stand_in_run(CPU_FLASHINFER_GRAPH)
     assert parity.section_ok(section), section
@@ -513,8 +513,8 @@ def test_gpu_check_flashinfer_flow_on_a_stand_in():
 def test_gpu_flashinfer_case_list_on_the_stand_in():
     """A realistic shape of the GPU list (head dim 128, GQA 4:1, a 4096-token prefix, four tiers sharing 8 slots)
     through the same glue, torch only (one replay: CPU time)."""
-    from sglang_dspark.engine import ragged_verify_parity as parity
-    from sglang_dspark.engine.ragged_verify_cases import GPU_FLASHINFER_GRAPH
+    from sglang_dspark.engine.self_check import ragged_verify_parity as parity
+    from sglang_dspark.engine.self_check.ragged_verify_cases import GPU_FLASHINFER_GRAPH
 
     realistic = GPU_FLASHINFER_GRAPH[0]
     section = _stand_in_run([dataclasses.replace(realistic, replays=realistic.replays[1:2])])
@@ -524,8 +524,8 @@ def test_gpu_flashinfer_case_list_on_the_stand_in():
 
 def test_a_host_plan_off_by_one_fails_the_stand_in_case(monkeypatch):
     """The check can fail: a host plan one row off puts FlashInfer's output rows in the wrong place."""
-    from sglang_dspark.engine import ragged_verify_parity as parity
-    from sglang_dspark.engine.ragged_verify_cases import CPU_FLASHINFER_GRAPH
+    from sglang_dspark.engine.self_check import ragged_verify_parity as parity
+    from sglang_dspark.engine.self_check.ragged_verify_cases import CPU_FLASHINFER_GRAPH
 
     real = fi.build_verify_host_plan
 

@@ -2,7 +2,7 @@
 
 * The torch reference ``kernels/ragged_verify_attention.py`` against an independent per-row formulation.
 * The hooks of ``patches/triton_ragged_verify.py`` on stand-in backends (pass-through, restore-on-exit, refusals).
-* Parity (``sglang_dspark.engine.ragged_verify_parity``, in a subprocess with ``TRITON_INTERPRET=1`` so the flag,
+* Parity (``sglang_dspark.engine.self_check.ragged_verify_parity``, in a subprocess with ``TRITON_INTERPRET=1`` so the flag,
   read when ``@triton.jit`` runs, never leaks into this process): the *patched* ``TritonAttnBackend`` (built with
   ``object.__new__``: its ``__init__`` needs a ModelRunner and a device) builds eager and CUDA-graph (capture every
   tier, replay live layouts into the same buffers) metadata; SGLang's own ``extend_attention_fwd`` and the
@@ -338,7 +338,7 @@ def parity(tmp_path_factory):
     out = tmp_path_factory.mktemp("ragged_verify") / "report.json"
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang_dspark.engine.ragged_verify_parity", "--device", "cpu", "--out", str(out)],
+        [sys.executable, "-m", "sglang_dspark.engine.self_check.ragged_verify_parity", "--device", "cpu", "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert out.exists(), f"parity run failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
@@ -346,7 +346,7 @@ def parity(tmp_path_factory):
 
 
 def test_parity_every_case_within_fp32_tolerance(parity):
-    from sglang_dspark.engine.ragged_verify_parity import FP32_DOT_PRECISION, FP32_IEEE_ABS_TOL
+    from sglang_dspark.engine.self_check.ragged_verify_parity import FP32_DOT_PRECISION, FP32_IEEE_ABS_TOL
 
     cases = parity["triton"]["cases"]
     assert cases, parity

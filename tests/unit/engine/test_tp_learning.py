@@ -23,12 +23,11 @@ from __future__ import annotations
 import datetime
 import os
 import random
-import traceback
 import types
 
 import pytest
 
-from sglang_dspark.testing.gloo_world import spawn_ranks
+from sglang_dspark.testing.gloo_world import rank_report, spawn_ranks
 
 GAMMA = 7
 CAPTURE_BS = [*range(1, 9), *range(10, 33, 2), 40, 44, 48]
@@ -245,8 +244,7 @@ def serve(group, rank: int, scenario: str) -> dict:
 def rank_main(rank: int, world_size: int, init_file: str, results) -> None:
     import torch.distributed as dist
 
-    out: dict = {}
-    try:
+    with rank_report(rank, results) as out:
         os.environ["SGLANG_RAGGED_VERIFY_MODE"] = "compact"
         os.environ.pop("SGLANG_DSPARK_ADMISSION", None)
         os.environ.pop("SGLANG_DSPARK_GATE_TRACE", None)
@@ -256,12 +254,6 @@ def rank_main(rank: int, world_size: int, init_file: str, results) -> None:
         for scenario in SCENARIOS:
             out[scenario] = serve(dist.group.WORLD, rank, scenario)
             dist.barrier()
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        out["crash"] = traceback.format_exc()
-    finally:
-        results.put((rank, out))
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ from sglang_dspark.engine.verify_mode import (
 # backends whose TARGET_VERIFY runs a compact layout correctly, per mode, for MHA targets on CUDA.
 GRAPH_SAFE_MHA = {"fa3", "fa4", "trtllm_mha"}
 EAGER_SAFE_MHA = {"fa3", "fa4", "trtllm_mha", "flashinfer"}
-# ... and through our patches, once their on-device self-check passed (engine/ragged_self_check.py)
+# ... and through our patches, once their on-device self-check passed (engine/self_check/ragged_self_check.py)
 GRAPH_SAFE_AFTER_SELF_CHECK = {"flashinfer", "triton"}
 EAGER_SAFE_AFTER_SELF_CHECK = {"triton"}
 NEEDS_SM10X = {"trtllm_mha"}

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import datetime
 import random
-import traceback
 
 import pytest
 import torch.distributed as dist
 
-from sglang_dspark.testing.gloo_world import spawn_ranks
+from sglang_dspark.testing.gloo_world import rank_report, spawn_ranks
 
 from sglang_dspark.profiler.probe_plan import build_table, fit_schedule_to_budget, make_probe_plan
 from sglang_dspark.profiler.sps_table import SpsTable
@@ -108,8 +107,7 @@ GROUPS = {"ranks-0-1": [0, 1], "ranks-1-2": [1, 2]}
 
 
 def rank_main(rank: int, world_size: int, init_file: str, results) -> None:
-    out: dict = {}
-    try:
+    with rank_report(rank, results) as out:
         dist.init_process_group(
             "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
             timeout=datetime.timedelta(seconds=30),
@@ -121,12 +119,6 @@ def rank_main(rank: int, world_size: int, init_file: str, results) -> None:
                 group_rank = members.index(rank)
                 out[name] = {s: run_scenario(groups[name], group_rank, **kw) for s, kw in SCENARIOS.items()}
             dist.barrier()  # the non-member waits; the groups run one after the other
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        out["crash"] = traceback.format_exc()
-    finally:
-        results.put((rank, out))
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def spawn_world(tmp_path, world_size: int) -> dict:

@@ -1,7 +1,7 @@
 """``scripts/gpu_device_check.py`` (issue #38 item 8) on the CPU: its dry run (``--device cpu`` under
 ``TRITON_INTERPRET=1``, tiny shapes) reports every row, GPU-only rows as skipped; a kernel fault exits 1; it and the
 files it executes by path import only torch, triton and the standard library; its copies of the self-check's
-constants equal the self-check's own (its cases it reads from ``engine/ragged_verify_cases.py``).
+constants equal the self-check's own (its cases it reads from ``engine/self_check/ragged_verify_cases.py``).
 
 The GPU rows themselves (TF32 vs IEEE on a real device, the step recorder under ``set_sync_debug_mode("error")``)
 have not run: no GPU has been lent yet.
@@ -111,7 +111,7 @@ def test_imports_only_torch_triton_and_stdlib():
 def test_self_check_constants_are_the_self_checks():
     """The script copies the self-check's precision setting and tolerances (it may not import their module, which
     imports SGLang's kernels at run time)."""
-    from sglang_dspark.engine import ragged_verify_parity as self_check
+    from sglang_dspark.engine.self_check import ragged_verify_parity as self_check
 
     script = load_script()
     assert script.SELF_CHECK_FP32_DOT_PRECISION == self_check.FP32_DOT_PRECISION

@@ -1,4 +1,4 @@
-"""The two-sample test behind tests/e2e/test_sampled_exactness.py (sglang_dspark/testing/exactness.py)."""
+"""The two-sample test behind tests/e2e/test_e2e_sampled_exactness.py (sglang_dspark/testing/exactness.py)."""
 
 from __future__ import annotations
 

@@ -271,7 +271,7 @@ def _free_port() -> int:
 def test_sglang_parses_and_loads_the_drafts(pair, pair_noconf):
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), SGLANG_USE_CPU_ENGINE="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang_dspark.engine.check_sglang_load", str(pair.draft_dir),
+        [sys.executable, "-m", "sglang_dspark.engine.offline.check_sglang_load", str(pair.draft_dir),
          str(pair_noconf.draft_dir), "--mode", "static", "--mode", "compact", "--port", str(_free_port())],
         capture_output=True, text=True, env=env, cwd=pair.draft_dir, timeout=240,
     )

@@ -537,7 +537,7 @@ SGLANG_SCRIPT = textwrap.dedent(
     os.environ.setdefault("MASTER_PORT", str(port))
     try:
         from sglang_dspark.cpu.startup import import_transformers
-        from sglang_dspark.engine.check_sglang_load import _tolerate_missing_kernel_symbols, check_config, check_mode
+        from sglang_dspark.engine.offline.check_sglang_load import _tolerate_missing_kernel_symbols, check_config, check_mode
         import_transformers(); _tolerate_missing_kernel_symbols()
         from sglang.test.layer_ut_utils import init_single_process_dist
         init_single_process_dist(master_port=port)
@@ -549,7 +549,7 @@ SGLANG_SCRIPT = textwrap.dedent(
         vocab = json.loads((Path(d) / "config.json").read_text())["vocab_size"]
         print(json.dumps({"dir": d, **check_config(Path(d), vocab)}))
         print(json.dumps({"dir": d, **check_mode(Path(d), "compact")}))
-    from sglang_dspark.engine.check_sglang_forward import run
+    from sglang_dspark.engine.offline.check_sglang_forward import run
     torch.save(run(dirs[1], torch.load(fwd_in, weights_only=False)), fwd_out)
     from sglang.srt.speculative.dspark_components.dspark_sts import load_sts_calibration_from_path
     cal = load_sts_calibration_from_path(sts_path)

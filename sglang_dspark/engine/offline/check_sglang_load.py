@@ -2,7 +2,7 @@
 
 Run in a fresh process (it initialises a one-rank gloo group on loopback and SGLang's global context):
 
-    python -m sglang_dspark.engine.check_sglang_load DRAFT_DIR [DRAFT_DIR ...] [--mode static|compact] ...
+    python -m sglang_dspark.engine.offline.check_sglang_load DRAFT_DIR [DRAFT_DIR ...] [--mode static|compact] ...
 
 Prints one JSON object with SGLang's parse of the DSpark config keys (``parse_dspark_draft_config``,
 ``resolve_runtime_config``), then one per mode: the model's parameters, which checkpoint tensors fed which parameter, and

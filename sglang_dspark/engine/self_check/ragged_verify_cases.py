@@ -1,4 +1,4 @@
-"""The batches the ragged-verify self-check runs (``engine/ragged_verify_parity.py``): pure data, no torch.
+"""The batches the ragged-verify self-check runs (``engine/self_check/ragged_verify_parity.py``): pure data, no torch.
 
 Two lists per backend. The CPU lists are small (the harness runs them under ``TRITON_INTERPRET=1`` in the unit
 tests); the GPU lists are what the launcher's self-check runs on the device, and hold the serving shapes:

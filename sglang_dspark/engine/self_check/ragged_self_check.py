@@ -4,7 +4,7 @@ verdict and its on-disk cache.
 Compact (ragged) verify on ``triton`` (eager and CUDA graphs) and on ``flashinfer`` inside CUDA graphs runs through
 our patches (``patches/triton_ragged_verify.py``, ``patches/flashinfer_ragged_verify.py``). On a GPU the launcher opens
 compact there only after the patched path passed on *this* GPU and software: it runs the parity harness
-``python -m sglang_dspark.engine.ragged_verify_parity --device cuda --backend <backend>`` in a child process (what it
+``python -m sglang_dspark.engine.self_check.ragged_verify_parity --device cuda --backend <backend>`` in a child process (what it
 runs, at which precision and tolerance: that module's docstring) and keeps the verdict on disk, keyed by everything it
 depends on (GPU, torch, CUDA, triton, SGLang, FlashInfer, our version, the harness, its case lists and the patches).
 Anything but a pass (a case out of tolerance, a failed check, an exception, a crash, a timeout) keeps upstream's
@@ -47,8 +47,8 @@ logger = logging.getLogger(__name__)
 
 SELF_CHECKED_BACKENDS = ("triton", "flashinfer")
 PATCHES_ENV = "_SGLANG_DSPARK_RAGGED_PATCHES"
-HARNESS_MODULE = "sglang_dspark.engine.ragged_verify_parity"
-CASES_MODULE = "sglang_dspark.engine.ragged_verify_cases"
+HARNESS_MODULE = "sglang_dspark.engine.self_check.ragged_verify_parity"
+CASES_MODULE = "sglang_dspark.engine.self_check.ragged_verify_cases"
 TIMEOUT_SECONDS = 600.0
 TIMEOUT_RETRY_HOURS = 24.0
 CACHE_SCHEMA = 2
@@ -310,8 +310,8 @@ def self_check(backend: str, gpu_name: str, *, runner: Runner = run_harness, tim
 def check_summary() -> str:
     """What the check runs, at which precision and tolerance, and its time bound and retry policy (for ``explain``;
     imports the harness, hence torch)."""
-    from sglang_dspark.engine import ragged_verify_parity as parity
-    from sglang_dspark.engine.ragged_verify_cases import GPU_COVERAGE_REQUIRED as need
+    from sglang_dspark.engine.self_check import ragged_verify_parity as parity
+    from sglang_dspark.engine.self_check.ragged_verify_cases import GPU_COVERAGE_REQUIRED as need
 
     dims = "/".join(str(d) for d in sorted(need["bf16_head_dims"]))
     groups = "/".join(f"{g}:1" for g in sorted(need["bf16_gqa_groups"]))

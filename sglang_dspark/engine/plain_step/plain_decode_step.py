@@ -12,7 +12,7 @@ the long way round. :func:`run_plain_decode_step` runs it as one instead:
   the argmax, sampled tokens follow the non-speculative sampler's law exactly, because it is that sampler;
 * the committed token's target hidden states go into the draft KV at its position (the injection upstream's
   ``commit_hidden`` does), so the next drafted step drafts from the full context; by default held and written with
-  the rest of the pause in one batch before anything reads draft KV (``engine/pending_context_kv.py``);
+  the rest of the pause in one batch before anything reads draft KV (``engine/plain_step/pending_context_kv.py``);
 * the result is built by upstream's ``build_accept_outs`` (commit length 1, out tokens in the strided layout the
   scheduler reads, new sequence lengths) and published once, like upstream's step.
 
@@ -108,7 +108,7 @@ def run_plain_decode_step(worker, batch, on_publish) -> GenerationBatchResult:
     cache_loc = injector.ids_for(window.kv_loc_plan).view(bs, width)[:, 0]
     pending = worker._pending_context_kv
     if pending is not None and injector.swa_ring_size is None:
-        pending.add(hidden, cache_loc, prefix_lens)  # written with the rest of the pause (engine/pending_context_kv.py)
+        pending.add(hidden, cache_loc, prefix_lens)  # written with the rest of the pause (engine/plain_step/pending_context_kv.py)
     else:
         state_slot = batch.req_pool_indices if injector.swa_ring_size is not None else None
         with worker._draft_context():

@@ -1,6 +1,6 @@
 """Run one DSpark draft round with SGLang 0.5.23's own ``Qwen3DSparkModel`` code, on CPU, without a server.
 
-    python -m sglang_dspark.engine.check_sglang_forward DRAFT_DIR INPUTS.pt OUTPUTS.pt [--port N]
+    python -m sglang_dspark.engine.offline.check_sglang_forward DRAFT_DIR INPUTS.pt OUTPUTS.pt [--port N]
 
 INPUTS.pt: ``{"target_hidden": [n, k*d] (committed tokens 0..n-1), "anchor_token": int, "anchor_pos": int (= n),
 "forced_tokens": [gamma] long, "shared": {"embed_tokens.weight", "lm_head.weight"}}``.
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("SGLANG_RAGGED_VERIFY_MODE", "compact")  # builds the confidence head
     torch.set_num_threads(1)
-    from sglang_dspark.engine.check_sglang_load import prepare_sglang_model_process
+    from sglang_dspark.engine.offline.check_sglang_load import prepare_sglang_model_process
 
     error = prepare_sglang_model_process(args.port)
     if error:

@@ -1,10 +1,10 @@
 """The ragged-verify parity harness: our patches on SGLang's real attention backends against a torch reference.
 
-Run by the launcher's self-check in a child process (``engine/ragged_self_check.py``) and by the unit tests:
+Run by the launcher's self-check in a child process (``engine/self_check/ragged_self_check.py``) and by the unit tests:
 
-* CPU: ``TRITON_INTERPRET=1 python -m sglang_dspark.engine.ragged_verify_parity`` (the small case lists);
-* GPU: ``python -m sglang_dspark.engine.ragged_verify_parity --device cuda [--backend triton|flashinfer|all]``
-  (the serving shapes: ``engine/ragged_verify_cases.py``).
+* CPU: ``TRITON_INTERPRET=1 python -m sglang_dspark.engine.self_check.ragged_verify_parity`` (the small case lists);
+* GPU: ``python -m sglang_dspark.engine.self_check.ragged_verify_parity --device cuda [--backend triton|flashinfer|all]``
+  (the serving shapes: ``engine/self_check/ragged_verify_cases.py``).
 
 It prints one JSON report (``--out`` also writes it) and exits 1 unless every part it ran passed.
 
@@ -71,7 +71,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from sglang_dspark.engine.ragged_verify_cases import (
+from sglang_dspark.engine.self_check.ragged_verify_cases import (
     FP32,
     EagerCase,
     GraphCase,

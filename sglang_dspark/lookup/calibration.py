@@ -1,0 +1,82 @@
+"""How likely each token of a lookup proposal is to be accepted, learned online (issue #39 item 1).
+
+A lookup proposal carries no model confidence, so its acceptance is estimated from what verifies told us: the
+conditional acceptance of position j (j-th proposed token, given the ones before it were accepted), per match-length
+bucket, as a Beta posterior mean ``(accepted + a) / (tried + a + b)``. A verify of ``proposed`` tokens that accepted
+``accepted`` of them says: positions 0..accepted-1 accepted, position ``accepted`` rejected (if proposed), later
+positions untried. ``survival`` is the cumulative product, the same quantity the capacity search reads for the
+draft, so both sources compete under one objective. :meth:`ece` reports the expected calibration error of the
+estimates it handed out, against what verify then did.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class LookupCalibration:
+    def __init__(self, *, max_tokens: int = 16, match_buckets: tuple[int, ...] = (2, 3, 4, 6), prior: tuple[float, float]
+                 = (1.0, 1.0), ece_bins: int = 10) -> None:
+        if max_tokens < 1 or not match_buckets or list(match_buckets) != sorted(match_buckets):
+            raise ValueError(f"LookupCalibration: bad max_tokens={max_tokens} or match_buckets={match_buckets}")
+        self.max_tokens = max_tokens
+        self.match_buckets = tuple(match_buckets)
+        self.prior = prior
+        self.accepted = torch.zeros(len(match_buckets), max_tokens, dtype=torch.float64)
+        self.tried = torch.zeros_like(self.accepted)
+        self._bin_predicted = torch.zeros(ece_bins, dtype=torch.float64)
+        self._bin_outcome = torch.zeros(ece_bins, dtype=torch.float64)
+        self._bin_count = torch.zeros(ece_bins, dtype=torch.float64)
+
+    def _bucket(self, match_len: int) -> int:
+        """The largest bucket at or below ``match_len`` (the smallest for shorter matches)."""
+        index = 0
+        for i, lower in enumerate(self.match_buckets):
+            if match_len >= lower:
+                index = i
+        return index
+
+    def conditional(self, match_len: int, num_tokens: int) -> torch.Tensor:
+        """``[num_tokens]`` P(position j accepted | positions before it accepted)."""
+        k = min(int(num_tokens), self.max_tokens)
+        row = self._bucket(match_len)
+        a, b = self.prior
+        estimate = (self.accepted[row, :k] + a) / (self.tried[row, :k] + a + b)
+        if k < num_tokens:  # past what is tracked: the last tracked position's rate
+            estimate = torch.cat([estimate, estimate[-1:].expand(int(num_tokens) - k)])
+        return estimate
+
+    def survival(self, match_len: int, num_tokens: int) -> torch.Tensor:
+        """``[num_tokens]`` P(positions 0..j all accepted)."""
+        return torch.cumprod(self.conditional(match_len, num_tokens), dim=0)
+
+    def observe(self, match_len: int, proposed: int, accepted: int) -> None:
+        """A verify of ``proposed`` lookup tokens (0 <= accepted <= proposed); also scores the estimate it replaces."""
+        if not 0 <= accepted <= proposed:
+            raise ValueError(f"accepted {accepted} out of 0..{proposed}")
+        if proposed == 0:
+            return
+        tried = min(accepted + 1, proposed)
+        predicted = self.conditional(match_len, tried)
+        outcome = torch.zeros(tried, dtype=torch.float64)
+        outcome[:accepted] = 1.0
+        bins = torch.clamp((predicted * len(self._bin_count)).long(), max=len(self._bin_count) - 1)
+        self._bin_predicted.index_add_(0, bins, predicted)
+        self._bin_outcome.index_add_(0, bins, outcome)
+        self._bin_count.index_add_(0, bins, torch.ones_like(predicted))
+        row, k = self._bucket(match_len), min(tried, self.max_tokens)
+        self.tried[row, :k] += 1.0
+        self.accepted[row, :min(accepted, k)] += 1.0
+
+    def ece(self) -> float:
+        """Expected calibration error of every estimate scored so far (NaN before any)."""
+        total = float(self._bin_count.sum())
+        if total == 0:
+            return math.nan
+        gaps = (self._bin_predicted - self._bin_outcome).abs()
+        return float(gaps.sum() / total)
+
+
+__all__ = ["LookupCalibration"]

@@ -22,6 +22,7 @@ Examples::
     python -m sglang_dspark.loadtest --concurrency 1 4 16 --prompts-per-level 24 --max-tokens 64
     python -m sglang_dspark.loadtest --url http://127.0.0.1:30000 --request-rate 0.5 1 2
     python -m sglang_dspark.loadtest --configs no-spec dspark --dataset sharegpt.json
+    python -m sglang_dspark.loadtest --configs no-spec ngram dspark --dataset grounded   # answers that copy
 
 Every level gets fresh prompts (never a prompt sent at an earlier level); every configuration gets the same
 prompts per level. Writes ``loadtest.json`` and ``frontier.png`` into ``--output-dir`` and prints a Markdown table
@@ -355,8 +356,10 @@ def prompts_per_level(args, level: dict) -> int:
 
 
 def prompt_pool(args) -> list[str]:
-    if args.dataset in (None, "builtin"):
+    if args.dataset in (None, "builtin", "chat"):
         return prompt_sets.builtin_prompts(args.seed)
+    if args.dataset == "grounded":
+        return prompt_sets.grounded_prompts(args.seed)
     try:
         pool = prompt_sets.load_prompts(args.dataset, args.dataset_format)
     except (OSError, ValueError) as exc:
@@ -656,7 +659,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--max-tokens", type=int, default=128, help="tokens generated per request (EOS ignored)")
     load.add_argument("--temperature", type=float, nargs="+", default=[0.0],
                       help="sampling temperature(s); several: every level runs at each, with fresh prompts")
-    load.add_argument("--dataset", default="builtin", help="builtin (default), a JSONL file or a ShareGPT JSON file")
+    load.add_argument("--dataset", default="builtin", help="builtin (the chat set, default; alias chat), grounded "
+                      "(a passage and a task that copies from it), a JSONL file or a ShareGPT JSON file")
     load.add_argument("--dataset-format", choices=["auto", "jsonl", "sharegpt"], default="auto")
     load.add_argument("--shuffle", action="store_true", help="shuffle a --dataset file (seeded)")
     load.add_argument("--seed", type=int, default=0)

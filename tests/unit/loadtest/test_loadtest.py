@@ -328,11 +328,20 @@ def test_clear_errors_for_down_server_wrong_url_and_model_mismatch():
 # ------------------------------------------------------------------------------------------------ a whole sweep
 
 
-def test_sweep_writes_json_png_and_table_with_a_fake_engine(serving, monkeypatch, tmp_path, capsys):
-    log = []
+def fake_servers(serving, monkeypatch, *, snapshots: bool = False) -> list:
+    """Every server the runner talks to answers through ``fake_request_func`` (the log of requests is returned),
+    probes and warms up at once, and (``snapshots``) has an empty /server_info."""
+    log: list = []
     monkeypatch.setattr(serving, "async_request_openai_chat_completions", fake_request_func(log))
     monkeypatch.setattr(runner, "probe_server", lambda url, model=None: runner.ServerInfo(url=url, model="m"))
     monkeypatch.setattr(runner, "warm_up", lambda info, timeout: None)
+    if snapshots:
+        monkeypatch.setattr(engine, "server_snapshot", lambda url, timeout=30.0: {})
+    return log
+
+
+def test_sweep_writes_json_png_and_table_with_a_fake_engine(serving, monkeypatch, tmp_path, capsys):
+    log = fake_servers(serving, monkeypatch)
     counter = {"steps": 0}
 
     def snapshot(url, timeout=30.0):
@@ -385,11 +394,7 @@ def test_sweep_writes_json_png_and_table_with_a_fake_engine(serving, monkeypatch
 
 
 def test_several_temperatures_are_levels_with_fresh_prompts(serving, monkeypatch, tmp_path):
-    log = []
-    monkeypatch.setattr(serving, "async_request_openai_chat_completions", fake_request_func(log))
-    monkeypatch.setattr(runner, "probe_server", lambda url, model=None: runner.ServerInfo(url=url, model="m"))
-    monkeypatch.setattr(runner, "warm_up", lambda info, timeout: None)
-    monkeypatch.setattr(engine, "server_snapshot", lambda url, timeout=30.0: {})
+    log = fake_servers(serving, monkeypatch, snapshots=True)
     out_dir = tmp_path / "out"
     rc = runner.main(["--url", "http://127.0.0.1:1", "http://127.0.0.1:2", "--label", "base", "fast",
                       "--concurrency", "1", "2", "--temperature", "0", "0.7", "--prompts-per-level", "2",
@@ -407,6 +412,19 @@ def test_several_temperatures_are_levels_with_fresh_prompts(serving, monkeypatch
     assert (out_dir / "frontier.png").is_file()
 
 
+def test_dataset_grounded_sends_grounded_prompts_fresh_per_level(serving, monkeypatch, tmp_path):
+    log = fake_servers(serving, monkeypatch, snapshots=True)
+    out_dir = tmp_path / "out"
+    rc = runner.main(["--url", "http://127.0.0.1:1", "--concurrency", "1", "2", "--prompts-per-level", "3",
+                      "--max-tokens", "8", "--dataset", "grounded", "--seed", "5", "--output-dir", str(out_dir),
+                      "--quiet"])
+    assert rc == 0
+    assert json.loads((out_dir / "loadtest.json").read_text())["settings"]["dataset"] == "grounded"
+    sent = [prompt for _, prompt, _, _ in log]
+    assert len(set(sent)) == 6 and set(sent) <= set(prompts.grounded_prompts(5))
+    assert not set(sent[:3]) & set(sent[3:])  # fresh prompts at the second level
+
+
 def _turns(log, urls) -> list[int]:
     """The servers (1-based) in the order they were sent requests, one entry per uninterrupted turn."""
     turns = []
@@ -420,11 +438,7 @@ def _turns(log, urls) -> list[int]:
 def test_levels_are_interleaved_across_servers_each_level_starting_from_the_next(serving, monkeypatch, tmp_path):
     """A machine that drifts over minutes must shift every server of a level alike: level i runs on every server
     before level i + 1, and no server always goes first."""
-    log = []
-    monkeypatch.setattr(serving, "async_request_openai_chat_completions", fake_request_func(log))
-    monkeypatch.setattr(runner, "probe_server", lambda url, model=None: runner.ServerInfo(url=url, model="m"))
-    monkeypatch.setattr(runner, "warm_up", lambda info, timeout: None)
-    monkeypatch.setattr(engine, "server_snapshot", lambda url, timeout=30.0: {})
+    log = fake_servers(serving, monkeypatch, snapshots=True)
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
     rc = runner.main(["--url", *urls, "--concurrency", "1", "1", "1", "--prompts-per-level", "2",
                       "--max-tokens", "4", "--output-dir", str(tmp_path / "out"), "--quiet"])
@@ -438,10 +452,7 @@ def test_levels_are_interleaved_across_servers_each_level_starting_from_the_next
 def test_a_level_runs_in_rounds_that_take_turns_and_pool_into_one_level(serving, monkeypatch, tmp_path):
     """Rounds within a level: 8 prompts at c = 2 on two servers make 2 rounds (two waves each, the default) taking
     turns 1 2 | 2 1; each server's level pools its 8 requests, in prompt order, over the two rounds' time."""
-    log = []
-    monkeypatch.setattr(serving, "async_request_openai_chat_completions", fake_request_func(log))
-    monkeypatch.setattr(runner, "probe_server", lambda url, model=None: runner.ServerInfo(url=url, model="m"))
-    monkeypatch.setattr(runner, "warm_up", lambda info, timeout: None)
+    log = fake_servers(serving, monkeypatch)
     snapshots = []
     monkeypatch.setattr(engine, "server_snapshot", lambda url, timeout=30.0: snapshots.append(url) or {})
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]

@@ -1,9 +1,11 @@
-"""The training instruction prompts stay apart from the load test's built-in chat set (a held-out set of the draft)."""
+"""The training instruction prompts stay apart from the load test's built-in chat and grounded sets (held-out sets
+of the draft)."""
 
 import re
 
 import pytest
 
+from sglang_dspark.loadtest.grounded_prompts import grounded_items
 from sglang_dspark.loadtest.prompts import SUBJECTS, TASKS, builtin_prompts
 from sglang_dspark.training import instructions
 from sglang_dspark.training.instructions import TASK_NAME, instruction_prompts
@@ -33,6 +35,15 @@ def test_no_subject_or_task_form_of_the_held_out_chat_set():
         head, tail = form.split("{s}")
         assert not any(t.startswith(head) and t.endswith(tail) for t in texts), form
     assert not set(texts) & set(builtin_prompts(seed=1))
+
+
+def test_no_prompt_or_passage_of_the_held_out_grounded_set():
+    texts = [p.text for p in instruction_prompts(3000, seed=0)]
+    items = grounded_items(seed=0)
+    assert not set(texts) & {item.text for item in items}
+    passages = {item.passage for item in items}
+    assert not any(passage in text for text in texts for passage in passages)
+    assert not any(text.startswith("Here ") and "```" in text for text in texts)  # the grounded prompts' form
 
 
 def test_asking_for_more_than_the_templates_give_raises(monkeypatch):

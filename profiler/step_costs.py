@@ -1,7 +1,9 @@
 """What a decode step costs, as the capacity search and the draft gate read it, and how served steps refine it.
 
-    drafted(R, B) = scale · verify(R, B) + level(R) + block(R)       (steps per second: ``drafted``, a StepCostModel)
-    plain(R)      = scale · verify(R, R) + level(R)                  (seconds: ``plain``)
+    drafted(R, B)   = scale · verify(R, B) + level(R) + block(R)     (steps per second: ``drafted``, a StepCostModel)
+    undrafted(R, B) = scale · verify(R, B) + level(R)                (steps per second: a step verifying lookup
+                                                                      chains without the draft block)
+    plain(R)        = scale · verify(R, R) + level(R)                (seconds: ``plain``)
 
 ``verify``: the SPS table profiled at start-up (``sps_table.py``); ``scale``: its online agreement with the steps
 served (``table_trust.TableAgreement``); ``level`` and ``block``: the rest of a step, learned from every step and
@@ -23,6 +25,7 @@ class StepCosts:
         self.overheads = DraftedAndPlainOverheads()
         self.agreement = TableAgreement(source=source)
         self.drafted = OverheadAdjustedCost(table, self.overheads.drafted)
+        self.undrafted = OverheadAdjustedCost(table, self.overheads.level)
 
     def plain(self, num_requests: int) -> Optional[float]:
         """Seconds of a step that skips the draft and verifies the R anchors (None before a plain step was timed)."""
@@ -45,7 +48,7 @@ class StepCosts:
         table_seconds = self.table.step_seconds(num_requests, sum(record.verify_lens))
         rescaled = self.agreement.observe(record.seconds, table_seconds)
         if rescaled:
-            self.drafted.verify_scale = self.agreement.scale
+            self.drafted.verify_scale = self.undrafted.verify_scale = self.agreement.scale
         self.overheads.observe(num_requests, record.drafted, record.seconds, self.drafted.verify_scale * table_seconds)
         return rescaled
 

@@ -95,6 +95,14 @@ OVERLAP_PENALTIES = Switch(
     "SGLang's count, one token late (the first decode counts the last prompt token; comparisons)",
     ("exact", "upstream"),
 )
+LOOKUP = Switch(
+    "SGLANG_DSPARK_LOOKUP", "on",
+    "prompt lookup beside the draft: on (default): each decode step proposes, per request, the continuation of the "
+    "longest recent match of its tail in its own prompt + output, and the scheduler verifies the lookup chain, the "
+    "draft chain or nothing, by expected tokens x step speed (sglang_dspark/lookup/); off: the draft only; forced: "
+    "verify every lookup proposal in full (exactness tests)",
+    ("on", "off", "forced"),
+)
 CPU_PLATFORM = Switch(
     "SGLANG_DSPARK_CPU_PLATFORM", "1",
     "1 (default): activate the CPU platform when SGLang runs on the CPU; 0: never activate it",
@@ -128,7 +136,8 @@ STANDIN_TRACE = Switch(
 )
 
 SWITCHES: tuple[Switch, ...] = (
-    ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, PAUSE_KV, HOT_VOCAB, RAGGED_SELF_CHECK, OVERLAP_PENALTIES, CPU_PLATFORM,
+    ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, PAUSE_KV, HOT_VOCAB, RAGGED_SELF_CHECK, OVERLAP_PENALTIES, LOOKUP,
+    CPU_PLATFORM,
     CPU_MARKOV_STEP, CPU_LINEAR, CACHE, GATE_TRACE, STANDIN_TRACE,
 )
 

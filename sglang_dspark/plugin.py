@@ -44,6 +44,12 @@ def register() -> None:
 
         overlap_penalties.install()
 
+    # Prompt lookup beside the draft (issue #39): a DSPARK batch with a lookup match reads current tokens.
+    if envs.LOOKUP.get() != "off":
+        from sglang_dspark.patches import lookup_current_tokens
+
+        lookup_current_tokens.install()
+
     # A speculative request clamped to the KV pool's edge would be aborted (HTTP 500) near its end: keep the room
     # a speculative decode step allocates (issue #15).
     from sglang_dspark.patches import spec_length_headroom

@@ -67,7 +67,7 @@ from sglang_dspark.engine.verify_mode import (
 
 OUTPUT_KEYS = ("attention_backend", "cuda_graph", "verify_mode", "reason", "admission_policy", "gamma",
                "sps_probe_shapes", "ragged_self_check", "confidence_head", "sps_profiling", "model_attention",
-               "flashinfer", "learned_state")
+               "flashinfer", "learned_state", "prompt_lookup")
 SELF_CHECK_OUTCOMES = ("pass", "fail")
 DEFAULT_DSPARK_GAMMA = 7  # speculative/dspark_components/dspark_config.py:21
 DSPARK_DEFAULT_MAX_RUNNING_REQUESTS = 48  # arg_groups/speculative_hook.py:852-857
@@ -445,7 +445,35 @@ def explain(argv: list[str], assume_device: Optional[str] = None, assume_gpu: Op
         "model_attention": attention.note(),
         "flashinfer": flashinfer_note(facts, flashinfer_where),
         "learned_state": learned_state_note(raw, facts, decision),
+        "prompt_lookup": lookup_note(raw, facts, decision, gamma),
     }
+
+
+def lookup_note(raw: Any, facts: EngineFacts, decision: VerifyModeDecision, gamma: int) -> str:
+    """Whether prompt lookup runs beside the draft (engine/lookup_source.py) and what it does on this engine: it rides
+    on the draft gate, which needs compact verify, the async or exact policy and one rank deciding alone."""
+    from sglang_dspark import envs
+
+    mode = envs.LOOKUP.get()
+    if mode == "off":
+        return f"off ({envs.LOOKUP.name}=off)"
+    if envs.DRAFT_GATE.get() == "off":
+        return f"off: it rides on the draft gate, and {envs.DRAFT_GATE.name}=off"
+    if decision.verify_mode == STATIC or decision.admission_policy not in ("async", "exact"):
+        return "off: static verify / verify-all has no per-request verify length (the draft gate needs compact)"
+    learning = decide_rank_learning(ParallelFacts(tp_size=facts.tp_size, pp_size=int(getattr(raw, "pp_size", 1) or 1),
+                                                  attn_dp_enabled=facts.attn_dp_size > 1))
+    if not learning.enabled:
+        return f"off: the draft gate is off where ranks must agree ({learning.reason})"
+    where = ("on the host, in the planner; a ragged verify of each lookup row's chain (the step's token tier "
+             "widened to the chains), tokens copied to the device with the step's inputs; a decode batch with a "
+             "lookup match runs after the previous result is processed (SGLang's overlap scheduler loses its host "
+             "overlap on such steps)" if facts.device != "cpu" else
+             "on the host, in the planner; a ragged verify of each lookup row's chain")
+    return (f"{'forced (every proposal verified in full)' if mode == 'forced' else 'on'}: per request and step, the "
+            f"continuation of the longest recent match (2..6 tokens) of its tail in its own prompt + output, up to "
+            f"γ = {gamma} tokens, verified when its learned acceptance × step speed pays; the draft "
+            f"runs only where it pays on the requests without a proposal; {where}")
 
 
 def learned_state_note(raw: Any, facts: EngineFacts, decision: VerifyModeDecision) -> str:

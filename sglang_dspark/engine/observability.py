@@ -11,7 +11,10 @@ Both sides live in the scheduler process, next to the worker that records the st
   ``MultiProcessCollector``). Metrics created in the scheduler therefore appear there without any HTTP-side code.
   We create ours right after the scheduler builds its metrics reporter, only on the ranks where SGLang's own
   scheduler metrics are live, and with the same labels; we refresh them at the decode-log ticks
-  (``--decode-log-interval``), the cadence of SGLang's own ``sglang:spec_accept_length``.
+  (``--decode-log-interval``), the cadence of SGLang's own ``sglang:spec_accept_length``. With prompt lookup beside
+  the draft (``SGLANG_DSPARK_LOOKUP``, ``engine/lookup_source.py``) the summary's ``lookup`` section adds the
+  ``sglang_dspark:lookup_*`` gauges: decode steps per kind, rows / verified / accepted tokens per proposal source,
+  the lookup's calibration ECE and its planning cost; they are absent while the lookup is off.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ SERVER_INFO_KEY = "dspark_admission"
 # Attribute we hang on SGLang's SchedulerMetricsReporter: one exporter per reporter, None where metrics are off.
 EXPORTER_ATTR = "dspark_admission_exporter"
 UNSET_POLICY = "unset"
+# Proposal sources of a decode step with prompt lookup beside the draft (engine/lookup_source.py summary()).
+LOOKUP_SOURCES = ("lookup", "draft")
 
 _hooks_registered = False
 _process_exporter: AdmissionMetricsExporter | None = None
@@ -163,6 +168,41 @@ class AdmissionMetricsExporter:
         self.policy_info = gauge(
             "sglang_dspark:admission_policy_info", "1 for the admission policy in use, 0 for earlier ones.", ("policy",)
         )
+        # Prompt lookup beside the draft (summary()["lookup"], engine/lookup_source.py). The counts are lifetime
+        # totals of the scheduler process, exported as they are: delta() over a window gives that window's traffic.
+        self.lookup_steps = gauge(
+            "sglang_dspark:lookup_steps",
+            "Decode steps by kind since start: plain (no draft, no lookup), drafted (draft only), lookup (lookup "
+            "chains, no draft forward), mixed (drafted step where some rows verified a lookup chain).",
+            ("kind",),
+        )
+        self.lookup_source_rows = gauge(
+            "sglang_dspark:lookup_source_rows",
+            "Request-steps that verified the source's proposal (lookup or draft) since start.",
+            ("source",),
+        )
+        self.lookup_source_verified_tokens = gauge(
+            "sglang_dspark:lookup_source_verified_tokens",
+            "Proposed tokens of the source (lookup or draft) verified by the target since start.",
+            ("source",),
+        )
+        self.lookup_source_accepted_tokens = gauge(
+            "sglang_dspark:lookup_source_accepted_tokens",
+            "Proposed tokens of the source (lookup or draft) the target accepted since start.",
+            ("source",),
+        )
+        self.lookup_source_accept_len = gauge(
+            "sglang_dspark:lookup_source_accept_len",
+            "Mean accept length of the request-steps that verified the source (1 + accepted / rows) since start.",
+            ("source",),
+        )
+        self.lookup_ece = gauge(
+            "sglang_dspark:lookup_ece", "Expected calibration error of the prompt lookup's acceptance estimates."
+        )
+        self.lookup_plan_us_per_step = gauge(
+            "sglang_dspark:lookup_plan_us_per_step",
+            "Mean host time in microseconds the prompt lookup spends planning a decode step.",
+        )
         # A counter per bucket, not a Histogram: a Histogram takes one observe() per request, these take one inc()
         # per bucket and refresh; rate() over them gives the distribution.
         self.admitted_len_requests = Counter(
@@ -209,3 +249,26 @@ class AdmissionMetricsExporter:
         for draft_len in range(len(counts), len(self._exported_counts)):  # buckets gone after a reset
             self.admitted_len_share.labels(**labels, draft_len=str(draft_len)).set(0.0)
         self._exported_counts = counts
+
+        self._update_lookup(summary.get("lookup"))
+
+    def _update_lookup(self, lookup: Any) -> None:
+        """The ``lookup`` section of the summary; nothing while the lookup is off (None)."""
+        if not isinstance(lookup, Mapping):
+            return
+        labels = self.labels
+        steps = lookup.get("steps")
+        for kind, count in (steps.items() if isinstance(steps, Mapping) else ()):
+            self.lookup_steps.labels(**labels, kind=str(kind)).set(_gauge_value(count))
+        for source in LOOKUP_SOURCES:
+            counts = lookup.get(source) if isinstance(lookup.get(source), Mapping) else {}
+            for gauge, key in (
+                (self.lookup_source_rows, "rows"),
+                (self.lookup_source_verified_tokens, "verified"),
+                (self.lookup_source_accepted_tokens, "accepted"),
+                (self.lookup_source_accept_len, "accept_length"),
+            ):
+                gauge.labels(**labels, source=source).set(_gauge_value(counts.get(key)))
+        own = lookup.get("lookup") if isinstance(lookup.get("lookup"), Mapping) else {}
+        self.lookup_ece.labels(**labels).set(_gauge_value(own.get("ece")))
+        self.lookup_plan_us_per_step.labels(**labels).set(_gauge_value(lookup.get("plan_us_per_step")))

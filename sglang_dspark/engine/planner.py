@@ -37,6 +37,7 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
 from sglang_dspark.engine.gate_trace import GateTrace
+from sglang_dspark.engine.lookup_source import LookupSource
 from sglang_dspark.engine.rank_learning import RankLearning, decide_rank_learning, parallel_facts
 from sglang_dspark.engine.step_record import StepRecord
 from sglang_dspark.engine.verify_mode import PLUGIN_SPS_PROBES_DP_ATTENTION, SPS_PROBES_DP_ATTENTION_SKIPPED
@@ -44,6 +45,7 @@ from sglang_dspark.profiler.step_costs import StepCosts
 from sglang_dspark.engine.step_plan import DRAFTED, CurrentStep, StepPlan
 from sglang_dspark.scheduling.acceptance import SurvivalPrior
 from sglang_dspark.scheduling.draft_gate import DraftGate, ForcedGate, GateDecision, make_draft_gate
+from sglang_dspark.scheduling.lookup_choice import without_rows
 from sglang_dspark.scheduling.policy import AdmissionPolicy
 from sglang_dspark.scheduling.stats import get_admission_stats
 
@@ -150,6 +152,7 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
 
 class AdmissionVerifyPlanner(DSparkVerifyPlanner):
     gate_trace: Optional[GateTrace] = None
+    lookup: Optional[LookupSource] = None
     rank_learning: Optional[RankLearning] = None  # install_sps_table's decision (engine/rank_learning.py)
     _learn_online = False  # what step records teach may change the budget (only where one rank decides alone)
 
@@ -162,7 +165,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         # Set by enable_draft_gate (our worker decides if it applies); None: every decode step drafts.
         self.draft_gate: Optional[Union[DraftGate, ForcedGate]] = None
         self.survival_prior = SurvivalPrior()  # the gate's survivals for requests not drafted for yet
-        self._decided_in_prepare = None  # (draft_input, GateDecision) of prepare_verify_budget, for plan_for
+        self._decided_in_prepare = None  # (draft_input, GateDecision, survival) of prepare_verify_budget, for plan_for
+        self.lookup: Optional[LookupSource] = None  # prompt lookup beside the draft (enable_draft_gate; engine/lookup_source.py)
         self.step = CurrentStep()  # the plan of the step being run; the worker shares its own (engine/step_plan.py)
         self.compact_anchor_steps = 0  # skipped steps whose verify kept one logits row per request
         self.plain_decode_steps = 0  # of those, steps run as SGLang's decode step (engine/plain_step/plain_decode_step.py)
@@ -294,6 +298,10 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
 
     def enable_draft_gate(self, mode: str) -> None:
         self.draft_gate = make_draft_gate(mode)
+        # The lookup rides on the gate: a step the gate plans is where a source is chosen per request.
+        self.lookup = LookupSource.from_env(self.gamma)
+        if self.lookup is not None:
+            get_admission_stats().set_lookup(self.lookup.summary)
         # Read when /server_info or the metrics ask, not rebuilt on every decode step.
         get_admission_stats().set_draft_gate(self._gate_state)
 
@@ -328,8 +336,9 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
                 current_generation=self.model_runner.req_to_token_pool.req_generation[rows.to(torch.int64)],
                 req_pool_indices_cpu=rows,
             )
-        decision = self._decide(survival, batch.batch_size())
-        self._decided_in_prepare = (draft_input, decision)
+        proposed = self._propose(batch)
+        decision = self._decide(survival, batch.batch_size(), lookup_rows=proposed.rows if proposed else None)
+        self._decided_in_prepare = (draft_input, decision, survival, proposed)
         if not decision.draft:
             budget = 0
         else:  # no resolved confidences: upstream's budget (None)
@@ -351,13 +360,48 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         if self.draft_gate is None or batch.has_grammar:
             return DRAFTED
         if decided is not None and decided[0] is batch.spec_info:
-            decision = decided[1]
+            _, decision, survival, proposed = decided
         else:
-            decision = self._decide(self._sync_survival(batch), len(batch.seq_lens))
-        plan = StepPlan.decided(decision, compact_ok=compact_ok, plain_ok=plain_ok)
+            survival = self._sync_survival(batch)
+            proposed = self._propose(batch)
+            decision = self._decide(survival, len(batch.seq_lens), lookup_rows=proposed.rows if proposed else None)
+        plan = StepPlan.decided(decision, compact_ok=compact_ok, plain_ok=plain_ok,
+                                lookup=self._lookup_rows(proposed, decision, survival))
+        if plan.lookup is not None:
+            self._widen_verify_tier(batch, plan)
         self.compact_anchor_steps += int(plan.compact_anchor)
         self.plain_decode_steps += int(plan.plain_decode)
         return plan
+
+    def _propose(self, batch):
+        """The step's lookup proposals (engine/lookup_source.py), or None; never takes a decode step down."""
+        if self.lookup is None:
+            return None
+        try:
+            return self.lookup.propose(batch)
+        except Exception:
+            logger.exception("sglang-dspark: prompt lookup failed; the draft alone from now on")
+            self.lookup = None
+            return None
+
+    def _lookup_rows(self, proposed, decision: GateDecision, survival: Optional[torch.Tensor]):
+        if self.lookup is None or proposed is None:
+            return None
+        return self.lookup.rows_for(proposed, drafted=decision.draft, draft_survival=survival,
+                                    cost=self.step_costs.undrafted if self.step_costs is not None else None)
+
+    def _widen_verify_tier(self, batch, plan: StepPlan) -> None:
+        """The verify's token tier, sized for the lookup chains too (prepare_verify_budget sized it for the draft's
+        budget alone; a drafted step verifies both: resolve_verify_token_budget)."""
+        budget = int(plan.lookup.lengths.sum())
+        if plan.draft and batch.spec_info.verify_token_budget is not None:
+            budget += int(batch.spec_info.verify_token_budget)
+        if not plan.draft:
+            batch.spec_info.verify_token_budget = budget
+        batch.spec_verify_tier_num_tokens = max(int(getattr(batch, "spec_verify_tier_num_tokens", 0) or 0),
+            local_verify_tier_num_tokens(bs=len(batch.seq_lens), verify_token_budget=budget,
+                                         verify_num_draft_tokens=self.verify_num_draft_tokens,
+                                         min_verify_len=self._schedule_cfg.min_verify_len))
 
     def _sync_survival(self, batch) -> Optional[torch.Tensor]:
         if self._budget_planner is None:
@@ -369,7 +413,10 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         generation = self.model_runner.req_to_token_pool.req_generation[rows]
         return self._budget_planner.latest_survival(req_pool_indices_cpu=rows, current_generation=generation)
 
-    def _decide(self, survival: Optional[torch.Tensor], num_requests: int) -> GateDecision:
+    def _decide(self, survival: Optional[torch.Tensor], num_requests: int,
+                lookup_rows: Optional[torch.Tensor] = None) -> GateDecision:
+        """The gate's decision. ``lookup_rows``: requests with a lookup proposal this step; the draft must pay on the
+        others (scheduling/lookup_choice.py), so their rows count no draft token."""
         gate = self.draft_gate
         try:
             held = gate.held_pause(num_requests)  # a pause repeated without reading anything (scheduling/draft_gate.py)
@@ -378,13 +425,14 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             # ``survival`` comes from the budget planner with unknown rows already read from the prior.
             if survival is None:  # no request of the batch has a lagged confidence: the population's (None before any draft)
                 survival = self.survival_prior.rows(num_requests)
+            prior = self.survival_prior.rows(num_requests)
             decision = gate.decide(
-                lagged_survival=survival,
+                lagged_survival=without_rows(survival, lookup_rows),
                 cost_with_draft=self.step_costs.drafted,
                 seconds_without_draft=self.step_costs.plain(num_requests),
                 skip_samples=self.step_costs.pairs(num_requests),
                 num_requests=num_requests,
-                prior_survival=self.survival_prior.rows(num_requests),
+                prior_survival=without_rows(prior, lookup_rows),
             )
         except Exception:  # the gate must never take a decode step down: draft, as without it
             logger.exception("sglang-dspark: draft gate failed; drafting every step from now on")
@@ -418,10 +466,14 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         return summary
 
     def resolve_verify_token_budget(self, **kwargs):
-        if not self.step.plan.draft:
-            kwargs["draft_input"].verify_token_budget = 0
-            return 0
-        return super().resolve_verify_token_budget(**kwargs)
+        plan = self.step.plan
+        lookup_tokens = int(plan.lookup.lengths.sum()) if plan.lookup is not None else 0
+        if not plan.draft:
+            kwargs["draft_input"].verify_token_budget = lookup_tokens
+            return lookup_tokens
+        budget = super().resolve_verify_token_budget(**kwargs)
+        # A drafted step with lookup rows: the draft's budget plus the lookup chains, ranked together by the schedule.
+        return budget + lookup_tokens if budget is not None else None
 
     # ------------------------------------------------------------------ after a step
 
@@ -434,10 +486,15 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         survival = record.confidence.cumprod(dim=1) if record.confidence is not None else None
         if self._learn_online and self.step_costs is not None and self.step_costs.observe(record):
             get_admission_stats().set_sps_summary(self.step_costs.table_summary())
+        lookup_rows = record.lookup.rows if record.lookup is not None else None
         if self._learn_online and survival is not None and record.drafted:
-            self.survival_prior.observe(survival)
-        if self.draft_gate is not None:
+            # The draft's survivals only: a lookup row's confidences are the lookup's estimates.
+            self.survival_prior.observe(survival if lookup_rows is None else survival[~lookup_rows])
+        if self.draft_gate is not None and lookup_rows is None:
+            # A step with lookup rows is not what the gate predicted (its tokens are partly the lookup's).
             self.draft_gate.observe(record)
+        if self.lookup is not None:
+            self.lookup.observe(record)
         self._publish(record, survival)
 
     def _publish(self, record: StepRecord, survival: Optional[torch.Tensor]) -> None:
@@ -485,8 +542,11 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         return layout
 
     def _schedule_verify_lens(self, *, req_pool_indices, prefix_lens, device, confidence, budget):
-        if not self.step.plan.draft:  # the draft gate skipped this step's draft: a plain step, anchors only
+        plan = self.step.plan
+        if not plan.draft:  # no draft this step: the anchors, plus the lookup chains chosen on the host
             self.last_confidence = None
+            if plan.lookup is not None:
+                return (1 + plan.lookup.lengths).to(device=device, dtype=torch.int32)
             return torch.ones(int(req_pool_indices.shape[0]), dtype=torch.int32, device=device)
         verify_lens = None
         if self._budget_planner is not None:

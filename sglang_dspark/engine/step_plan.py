@@ -17,7 +17,28 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+import torch
+
 from sglang_dspark.scheduling.draft_gate import DraftChoice, GateDecision
+
+
+@dataclass(frozen=True)
+class LookupPlan:
+    """The rows that verify a prompt-lookup chain this step (sglang_dspark/lookup/), on the host, in batch order.
+
+    ``tokens [R, γ]``: the chains (fill past a row's ``lengths``, never verified); ``lengths [R]``: lookup tokens the
+    row may verify (0: not a lookup row; on a step without the draft, exactly what it verifies); ``match_lens [R]``:
+    tail tokens the lookup matched; ``conditional [R, γ]``: the acceptance estimates the choice read (a drafted step
+    ranks them with the draft's confidences)."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    match_lens: torch.Tensor
+    conditional: torch.Tensor
+
+    @property
+    def rows(self) -> torch.Tensor:
+        return self.lengths > 0
 
 
 @dataclass(frozen=True)
@@ -25,25 +46,44 @@ class StepPlan:
     """``draft``: run the draft block (False: verify the anchors only, a plain step). A skipped step keeps its logits
     at one row per request (``compact_anchor``, engine/plain_step/anchor_only_verify.py) where nothing reads them strided, and
     runs as SGLang's own decode step (``plain_decode``, engine/plain_step/plain_decode_step.py) where the target is eager too.
-    ``decision``: the draft gate's (None: no gate on this server, or not a gated step)."""
+    ``decision``: the draft gate's (None: no gate on this server, or not a gated step). ``lookup``: the rows that
+    verify a lookup chain instead of the draft's (None: none); a step with lookup rows verifies through upstream's
+    ragged path, never anchor-only."""
 
     draft: bool = True
     compact_anchor: bool = False
     plain_decode: bool = False
     decision: Optional[GateDecision] = None
+    lookup: Optional[LookupPlan] = None
 
     def __post_init__(self) -> None:
         if self.draft and (self.compact_anchor or self.plain_decode):
             raise ValueError("a drafted step has no anchor-only path")
         if self.plain_decode and not self.compact_anchor:
             raise ValueError("a plain decode step is a compact anchor-only step")
+        if self.lookup is not None and self.compact_anchor:
+            raise ValueError("a step with lookup rows verifies more than the anchors")
 
     @classmethod
-    def decided(cls, decision: Optional[GateDecision], *, compact_ok: bool, plain_ok: bool) -> "StepPlan":
-        """The plan of a step the gate decided (``compact_ok`` / ``plain_ok``: the batch qualifies for those paths)."""
+    def decided(cls, decision: Optional[GateDecision], *, compact_ok: bool, plain_ok: bool,
+                lookup: Optional[LookupPlan] = None) -> "StepPlan":
+        """The plan of a step the gate decided (``compact_ok`` / ``plain_ok``: the batch qualifies for those paths;
+        ``lookup``: its lookup rows, if any; a drafted decision whose every row takes the lookup runs no draft)."""
+        if lookup is not None and not bool(lookup.rows.any()):
+            lookup = None
+        if lookup is not None:
+            drafted = decision is None or decision.draft
+            return cls(draft=drafted and not bool(lookup.rows.all()), decision=decision, lookup=lookup)
         if decision is None or decision.draft:
             return cls(decision=decision)
         return cls(draft=False, compact_anchor=compact_ok, plain_decode=compact_ok and plain_ok, decision=decision)
+
+    @property
+    def kind(self) -> str:
+        """``drafted``, ``lookup`` (no draft, lookup rows), ``mixed`` (drafted, with lookup rows) or ``plain``."""
+        if self.lookup is None:
+            return "drafted" if self.draft else "plain"
+        return "mixed" if self.draft else "lookup"
 
     @property
     def choice(self) -> Optional[DraftChoice]:
@@ -68,4 +108,4 @@ class CurrentStep:
             self.plan = DRAFTED
 
 
-__all__ = ["DRAFTED", "CurrentStep", "StepPlan"]
+__all__ = ["DRAFTED", "CurrentStep", "LookupPlan", "StepPlan"]

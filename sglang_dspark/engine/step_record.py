@@ -43,6 +43,8 @@ class StepRecord:
     drafted: bool = True
     # The draft gate's DraftChoice this step was decided with (None: no gate, or a decision without one).
     gate_choice: Optional[object] = None
+    # The step plan's lookup rows (engine/step_plan.LookupPlan; None: no row verified a lookup chain).
+    lookup: Optional[object] = None
 
 
 def pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -115,10 +117,9 @@ class _PendingCopy:
     """Non-blocking device→pinned-host copies of one step plus the events that say when they (and the step) ended."""
 
     def __init__(self, tensors: dict, started_event, ended_event, default_verify_len: int, copy_to_host,
-                 make_event, drafted: bool = True, gate_choice=None) -> None:
+                 make_event, drafted: bool = True, gate_choice=None, lookup=None) -> None:
         self.host = {name: (copy_to_host(t) if t is not None else None) for name, t in tensors.items()}
-        self.host["drafted"] = drafted
-        self.host["gate_choice"] = gate_choice
+        self.host.update(drafted=drafted, gate_choice=gate_choice, lookup=lookup)
         self.copied = make_event(False)
         self.started_event = started_event
         self.ended_event = ended_event
@@ -145,7 +146,8 @@ def _record_from_host(host: dict, seconds: Optional[float], default_verify_len: 
     if confidence is not None:
         confidence = confidence.float()
     return StepRecord(verify_lens=verify_lens, commit_lens=commit_lens, confidence=confidence, seconds=seconds,
-                      drafted=bool(host.get("drafted", True)), gate_choice=host.get("gate_choice"))
+                      drafted=bool(host.get("drafted", True)), gate_choice=host.get("gate_choice"),
+                      lookup=host.get("lookup"))
 
 
 class StepRecorder:
@@ -180,7 +182,7 @@ class StepRecorder:
             self._started = self._make_event(True)
 
     def finish(self, *, accept_lens, cap_lens, confidence, default_verify_len: int,
-               drafted: bool = True, gate_choice=None) -> list[StepRecord]:
+               drafted: bool = True, gate_choice=None, lookup=None) -> list[StepRecord]:
         tensors = {"accept_lens": accept_lens, "cap_lens": cap_lens, "confidence": confidence}
         if confidence is not None and confidence.shape[0] != accept_lens.shape[0]:
             tensors["confidence"] = None  # scheduled for another batch (composition changed): not this step's
@@ -188,14 +190,13 @@ class StepRecorder:
             # Blocking reads first, then the clock: without device events the step ends when its results landed.
             host = {k: (v.detach().to("cpu") if v is not None else None) for k, v in tensors.items()}
             seconds = self._clock() - self._started
-            host["drafted"] = drafted
-            host["gate_choice"] = gate_choice
+            host.update(drafted=drafted, gate_choice=gate_choice, lookup=lookup)
             return [_record_from_host(host, seconds, default_verify_len)]
         ended = self._make_event(True)
         self._pending.append(
             _PendingCopy({k: (v.detach() if v is not None else None) for k, v in tensors.items()},
                          self._started, ended, default_verify_len, self._copy_to_host, self._make_event, drafted,
-                         gate_choice)
+                         gate_choice, lookup)
         )
         ready = []
         while self._pending and self._pending[0].ready():

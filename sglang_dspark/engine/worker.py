@@ -28,6 +28,9 @@ from __future__ import annotations
 import logging
 import os
 
+import msgspec
+import torch
+
 from sglang.srt.speculative.dspark_components.dspark_draft import (
     DraftBlockProposer,
     DraftBlockResult,
@@ -67,27 +70,65 @@ class GatedDraftBlockProposer(DraftBlockProposer):
 
     def propose(self, *, batch, draft_input, verify_window, bs, device, target_model, sampling_info,
                 anchor_prepared=False):
-        if self.step.plan.draft:
-            return super().propose(
+        plan = self.step.plan
+        if plan.draft:
+            proposal = super().propose(
                 batch=batch, draft_input=draft_input, verify_window=verify_window, bs=bs, device=device,
                 target_model=target_model, sampling_info=sampling_info, anchor_prepared=anchor_prepared,
             )
+            return proposal if plan.lookup is None else with_lookup_rows(proposal, plan.lookup, device)
         block_ids = self.draft_block_ids_view(bs=bs, device=batch.seq_lens.device)
         if not anchor_prepared:
             block_ids[:, 0].copy_(draft_input.bonus_tokens.view(-1))
         params = resolve_draft_params(sampling_info=sampling_info, bs=bs, device=device)
-        anchors = block_ids[:, :1]
+        if plan.lookup is not None:
+            # The lookup chains (the rows without one verify their anchor only: their fill is never verified).
+            draft_tokens = to_device(plan.lookup.tokens, device).to(block_ids.dtype)
+        else:
+            draft_tokens = block_ids[:, :1].expand(bs, self.gamma).contiguous()
         draft_block = DraftBlockResult(
-            draft_tokens=anchors.expand(bs, self.gamma).contiguous(),
+            draft_tokens=draft_tokens,
             corrected_logits=None,
             greedy_mask=params.greedy_mask,
             temperatures=params.temperatures,
-            greedy_draft=True,
+            greedy_draft=True,  # a one-hot draft distribution: exactly a lookup chain's point mass
         )
         return DraftProposal(
             draft_block_ids=block_ids if self.sample_from_anchor else block_ids[:, : self.gamma].contiguous(),
             draft_block=draft_block,
         )
+
+
+def to_device(host: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on ``device`` with the step's other inputs: pinned and copied without blocking off the CPU."""
+    if torch.device(device).type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def with_lookup_rows(proposal: DraftProposal, lookup, device) -> DraftProposal:
+    """A drafted step's proposal with the lookup rows' chains in place of the draft's: their tokens, a point-mass
+    draft distribution (logits -inf but at the chain's token, so the sampled accept's q is one-hot), and their
+    acceptance estimates as confidences, which the verify-length schedule ranks with the draft's. The folded
+    (in-graph) verify ids and accept read the draft graph's own buffers, so the step takes the eager path."""
+    block = proposal.draft_block
+    rows = to_device(lookup.rows, device)
+    tokens = to_device(lookup.tokens, device).to(block.draft_tokens.dtype)
+    draft_tokens = torch.where(rows[:, None], tokens, block.draft_tokens)
+    corrected = block.corrected_logits
+    if corrected is not None and not block.greedy_draft:
+        point_mass = torch.full_like(corrected, float("-inf"))
+        point_mass.scatter_(-1, draft_tokens.unsqueeze(-1).to(torch.int64), 0.0)
+        corrected = torch.where(rows[:, None, None], point_mass, corrected)
+    confidence = proposal.confidence
+    if confidence is not None:
+        estimates = to_device(lookup.conditional, device).to(confidence.dtype)
+        confidence = torch.where(rows[:, None], estimates, confidence)
+    return msgspec.structs.replace(
+        proposal,
+        draft_block=msgspec.structs.replace(block, draft_tokens=draft_tokens, corrected_logits=corrected),
+        confidence=confidence, folded=False, verify_ids=None,
+    )
 
 
 class DSparkWorker(DSparkWorkerV2):
@@ -228,6 +269,7 @@ class DSparkWorker(DSparkWorkerV2):
                 default_verify_len=int(self.verify_num_draft_tokens),
                 drafted=plan.draft,
                 gate_choice=plan.choice,
+                lookup=plan.lookup,
             ):
                 self._verify_planner.observe_step(record)
         return result

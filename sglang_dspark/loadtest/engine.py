@@ -5,7 +5,7 @@ streaming OpenAI chat client (``async_request_openai_chat_completions``: TTFT, i
 process (``get_request``: Poisson at a request rate, or back to back) and the metric maths (``calculate_metrics``:
 throughput, TTFT / TPOT / ITL / E2E percentiles). This module adds only what a sweep needs around them: a
 concurrency cap, a per-request and a per-level time bound, per-user speed, the accept length of each request and the
-difference of two ``/server_info`` admission snapshots.
+difference of two ``/server_info`` admission snapshots (with prompt lookup beside the draft: per proposal source too).
 
 Two settings of bench_serving are process-wide (it reads a module-level ``args``): we set them once, and wrap its
 ``sglext`` hook so that the per-request speculative details SGLang streams at the end of each response
@@ -323,6 +323,61 @@ def admission_delta(before: dict | None, after: dict | None) -> dict | None:
     }
 
 
+LOOKUP_STEP_KINDS = ("plain", "drafted", "lookup", "mixed")
+
+
+def lookup_delta(before: dict | None, after: dict | None) -> dict | None:
+    """Per proposal source, the traffic between two ``dspark_admission["lookup"]`` summaries (prompt lookup beside
+    the draft, ``engine/lookup_source.py``; lifetime counters, so the difference is exactly the level's): the decode
+    steps of each kind (plain: no draft, no lookup; drafted: draft only; lookup: lookup chains without the draft
+    forward; mixed: a drafted step where some rows verified a lookup chain) and their shares of the level's steps,
+    and per source (lookup, draft) the request-steps that verified it, the tokens verified and accepted, and the
+    accept length (1 + accepted / rows: tokens per request-step, the bonus included). ``plan_us_per_step`` and
+    ``lookup_ece`` are the after-snapshot's lifetime values. None where the server has no lookup (off, not DSPARK)."""
+    if not isinstance(after, dict):
+        return None
+    before = before if isinstance(before, dict) else {}
+
+    def delta(section: str, key: str) -> float:
+        return _number((after.get(section) or {}).get(key)) - _number((before.get(section) or {}).get(key))
+
+    steps = {kind: delta("steps", kind) for kind in LOOKUP_STEP_KINDS}
+    total = sum(steps.values())
+    sources = {}
+    for source in ("lookup", "draft"):
+        rows, verified, accepted = (delta(source, key) for key in ("rows", "verified", "accepted"))
+        sources[source] = {
+            "rows": rows,
+            "verified": verified,
+            "accepted": accepted,
+            "accept_length": 1.0 + accepted / rows if rows > 0 else None,
+            # Share of the verified proposed tokens that were accepted.
+            "acceptance": accepted / verified if verified > 0 else None,
+        }
+    sources["lookup"]["proposals"] = delta("lookup", "proposals")
+    plan_us = after.get("plan_us_per_step")
+    ece = (after.get("lookup") or {}).get("ece")
+    return {
+        "mode": after.get("mode"),
+        "steps": steps,
+        "step_share": {kind: count / total if total > 0 else None for kind, count in steps.items()},
+        "lookup": sources["lookup"],
+        "draft": sources["draft"],
+        "lookup_accept_length": sources["lookup"]["accept_length"],
+        "draft_accept_length": sources["draft"]["accept_length"],
+        "plan_us_per_step": float(plan_us) if _is_number(plan_us) else None,
+        "lookup_ece": float(ece) if _is_number(ece) else None,
+    }
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _number(value) -> float:
+    return value if _is_number(value) else 0
+
+
 def _reason_delta(after: dict | None, before: dict | None) -> dict | None:
     reasons_after = (after or {}).get("reasons")
     if not reasons_after:
@@ -375,6 +430,10 @@ class LevelRun:
             result["admission"] = admission
             if result.get("accept_length") is None:
                 result["accept_length"] = admission["mean_accept_len"]
+        sources = lookup_delta((self.before.get("dspark_admission") or {}).get("lookup"),
+                               (after.get("dspark_admission") or {}).get("lookup"))
+        if sources is not None:
+            result["sources"] = sources
         if after.get("avg_spec_accept_length") is not None:
             result["server_lifetime_accept_length"] = after["avg_spec_accept_length"]
         return result

@@ -1,4 +1,4 @@
-"""Outputs of the load test: the JSON record, the frontier PNG and a Markdown table with ratios."""
+"""Outputs of the load test: the JSON record, the frontier PNG and Markdown tables (ratios; per proposal source)."""
 
 from __future__ import annotations
 
@@ -137,6 +137,53 @@ def markdown_table(result: dict) -> str:
                 )
             )
     return "\n".join(lines)
+
+
+SOURCE_STEP_KINDS = ("plain", "drafted", "lookup", "mixed")
+
+
+def _percent(value) -> str:
+    return "–" if value is None else f"{100.0 * value:.0f}"
+
+
+def source_cells(level: dict) -> dict[str, str]:
+    """The per-source cells of a level (``level["sources"]``, engine.lookup_delta); "–" for what is not there:
+    lookup off, a non-DSPARK server, a level without decode steps, a source that verified no row."""
+    sources = level.get("sources") if isinstance(level.get("sources"), dict) else {}
+    share = sources.get("step_share") or {}
+    shares = [share.get(kind) for kind in SOURCE_STEP_KINDS]
+    return {
+        "steps": "–" if all(s is None for s in shares) else " / ".join(_percent(s) for s in shares),
+        "lookup_tau": _fmt(sources.get("lookup_accept_length"), 2),
+        "draft_tau": _fmt(sources.get("draft_accept_length"), 2),
+        "plan_us": _fmt(sources.get("plan_us_per_step"), 1),
+    }
+
+
+def sources_table(result: dict) -> str:
+    """Prompt lookup beside the draft, per configuration and level: the shares of decode steps of each kind, the
+    accept length τ of each source (tokens per request-step that verified it, the bonus included) and the lookup's
+    host planning cost per step. Empty when no server of the run reported a lookup (the run did not use it)."""
+    if not any(level.get("sources") for config in result.get("configs", []) for level in config.get("levels", [])):
+        return ""
+    lines = [
+        "per source (prompt lookup beside the draft):",
+        "",
+        "| configuration | load | steps plain / drafted / lookup / mixed % | lookup τ | draft τ | lookup µs/step |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for config in result.get("configs", []):
+        for level in config.get("levels", []):
+            cells = source_cells(level)
+            lines.append(f"| {config['label']} | {level_key(level)} | {cells['steps']} | {cells['lookup_tau']} | "
+                         f"{cells['draft_tau']} | {cells['plan_us']} |")
+    return "\n".join(lines)
+
+
+def summary_tables(result: dict) -> str:
+    """What the load test prints: the main table, then the per-source table where the run used prompt lookup."""
+    sources = sources_table(result)
+    return markdown_table(result) + (f"\n\n{sources}" if sources else "")
 
 
 def write_png(result: dict, path: str | Path) -> Path:

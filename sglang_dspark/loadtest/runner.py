@@ -26,7 +26,8 @@ Examples::
 
 Every level gets fresh prompts (never a prompt sent at an earlier level); every configuration gets the same
 prompts per level. Writes ``loadtest.json`` and ``frontier.png`` into ``--output-dir`` and prints a Markdown table
-with ratios against the first configuration.
+with ratios against the first configuration (then, where a DSPARK server runs prompt lookup beside the draft, a
+table per proposal source: step kinds, each source's accept length, the lookup's planning cost).
 """
 
 from __future__ import annotations
@@ -268,10 +269,13 @@ def _finish_level(target: SweepTarget, run: "engine.LevelRun", level: dict, prom
     metrics = run.result(target.tokenizer)
     target.entry["levels"].append({**level, "prompts": len(prompts), **metrics})
     if not args.quiet:
+        cells = report.source_cells(metrics)
+        sources = f" (lookup τ {cells['lookup_tau']}, draft τ {cells['draft_tau']})" if metrics.get("sources") else ""
         print(
             f"  {target.label} {report.level_key(level)}: {metrics.get('output_tok_s') or 0:.1f} tok/s, per-user "
             f"{metrics.get('per_user_tok_s') or 0:.1f} tok/s, accept "
-            f"{metrics.get('accept_length') or float('nan'):.2f}, {metrics['completed']}/{metrics['requests']} ok",
+            f"{metrics.get('accept_length') or float('nan'):.2f}{sources}, "
+            f"{metrics['completed']}/{metrics['requests']} ok",
             file=sys.stderr,
         )
 
@@ -437,7 +441,7 @@ def run(args, argv: list[str]) -> dict:
         png_path = report.write_png(result, output_dir / "frontier.png")
     except ImportError:
         png_path = "no PNG (matplotlib is missing: pip install -r requirements/plots.txt)"
-    table = report.markdown_table(result)
+    table = report.summary_tables(result)
     print(table)
     print(f"\n{result['command']}")
     print(f"[loadtest] wrote {json_path} and {png_path}", file=sys.stderr)
@@ -453,7 +457,7 @@ def replot(json_path: str, output_dir: str | None = None) -> int:
         print(f"sglang-dspark loadtest: error: cannot read {json_path}: {exc}", file=sys.stderr)
         return 2
     png = report.write_png(result, Path(output_dir or Path(json_path).parent) / "frontier.png")
-    print(report.markdown_table(result))
+    print(report.summary_tables(result))
     print(f"\n{result.get('command', '')}")
     print(f"[loadtest] wrote {png}", file=sys.stderr)
     return 0

@@ -85,6 +85,7 @@ class AdmissionStats:
         self._policy: str | None = None
         self._sps_summary: dict[str, Any] | None = None
         self._draft_gate: dict[str, Any] | None = None
+        self._lookup: "Callable[[], Mapping[str, Any] | None] | None" = None
         self.reset()
 
     # ------------------------------------------------------------------ configuration
@@ -108,6 +109,15 @@ class AdmissionStats:
     def _draft_gate_summary(self) -> dict[str, Any] | None:
         gate = self._draft_gate() if callable(self._draft_gate) else self._draft_gate
         return None if gate is None else _json_safe(dict(gate))
+
+    def set_lookup(self, summary: "Callable[[], Mapping[str, Any] | None] | None") -> None:
+        """The prompt lookup's per-source counts (engine/lookup_source.py), read when a summary is asked for."""
+        with self._lock:
+            self._lookup = summary
+
+    def _lookup_summary(self) -> dict[str, Any] | None:
+        lookup = self._lookup() if self._lookup is not None else None
+        return None if lookup is None else _json_safe(dict(lookup))
 
     def reset(self) -> None:
         """Forget recorded steps (policy, SPS and draft gate summaries are kept)."""
@@ -256,6 +266,7 @@ class AdmissionStats:
                 # Share of decode steps that ran the draft block (1.0 without the draft gate).
                 "drafted_step_share": _ratio(self._drafted_steps, self._steps),
                 "draft_gate": self._draft_gate_summary(),
+                "lookup": self._lookup_summary(),
                 "mean_admitted_draft_len": _ratio(self._admitted_draft_sum, self._request_steps),
                 "admitted_len_histogram": list(self._admitted_len_counts),
                 "mean_accept_len": _ratio(self._accept_len_sum, self._accept_request_steps),

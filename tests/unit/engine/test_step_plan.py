@@ -48,3 +48,30 @@ def test_the_current_step_reads_drafted_outside_a_step_even_after_a_failure():
             raise RuntimeError("the forward failed")
     assert step.plan is DRAFTED
     assert CurrentStep().plan is DRAFTED  # a fresh one, and the class default, are never a skipped step
+
+
+def _lookup(lengths):
+    import torch
+
+    from sglang_dspark.engine.step_plan import LookupPlan
+
+    lengths = torch.tensor(lengths)
+    rows = len(lengths)
+    return LookupPlan(tokens=torch.zeros(rows, 4, dtype=torch.long), lengths=lengths,
+                      match_lens=torch.full((rows,), 3), conditional=torch.zeros(rows, 4))
+
+
+def test_lookup_rows_take_the_ragged_verify_and_a_draft_only_where_some_row_wants_it():
+    pause = GateDecision(False, "pause", CHOICE)
+    pays = GateDecision(True, "pays", CHOICE, budget=2)
+    some, every, none = _lookup([3, 0]), _lookup([3, 1]), _lookup([0, 0])
+    skipped = StepPlan.decided(pause, compact_ok=True, plain_ok=True, lookup=some)
+    assert (skipped.draft, skipped.compact_anchor, skipped.plain_decode, skipped.kind) == (False, False, False, "lookup")
+    assert StepPlan.decided(pays, compact_ok=True, plain_ok=True, lookup=some).kind == "mixed"
+    # Every row takes its lookup chain: the draft forward is not run.
+    assert StepPlan.decided(pays, compact_ok=True, plain_ok=True, lookup=every).kind == "lookup"
+    # No lookup row at all: the plan the gate alone makes.
+    assert StepPlan.decided(pause, compact_ok=True, plain_ok=True, lookup=none) == StepPlan(False, True, True, pause)
+    assert StepPlan.decided(pays, compact_ok=True, plain_ok=True, lookup=none).kind == "drafted"
+    with pytest.raises(ValueError, match="lookup rows"):
+        StepPlan(draft=False, compact_anchor=True, lookup=some)

@@ -832,3 +832,22 @@ def test_explain_cli_subcommand(draft, clean_env, capsys):
     bad = parser.parse_args(["explain", "--gpu", "Z9000", "--", *_argv(draft(name="other"))])
     assert bad.func(bad) == 2
     assert "unknown GPU" in capsys.readouterr().out
+
+
+def test_explain_shows_where_prompt_lookup_runs(draft, clean_env, monkeypatch):
+    """Issue #39 item 4: the lookup rides on the draft gate; explain says whether it runs and how."""
+    from sglang_dspark.engine.explain import explain
+
+    single = explain(_argv(draft()), None, "H100")
+    assert single["prompt_lookup"].startswith("on: per request") and "overlap" in single["prompt_lookup"]
+    tp = explain(_argv(draft(), "--tp-size", "2"), None, "H100")
+    assert tp["prompt_lookup"].startswith("off: the draft gate is off where ranks must agree")
+    static = explain(_argv(draft()), None, "A100", ragged_self_check="fail")
+    assert static["prompt_lookup"].startswith("off: static verify")
+    monkeypatch.setenv("SGLANG_DSPARK_LOOKUP", "off")
+    assert explain(_argv(draft()), None, "H100")["prompt_lookup"] == "off (SGLANG_DSPARK_LOOKUP=off)"
+    monkeypatch.setenv("SGLANG_DSPARK_LOOKUP", "forced")
+    assert explain(_argv(draft()), None, "H100")["prompt_lookup"].startswith("forced")
+    monkeypatch.delenv("SGLANG_DSPARK_LOOKUP")
+    monkeypatch.setenv("SGLANG_DSPARK_DRAFT_GATE", "off")
+    assert "rides on the draft gate" in explain(_argv(draft()), None, "H100")["prompt_lookup"]

@@ -567,3 +567,127 @@ def test_round_ratios_pair_each_round_with_the_baselines_and_the_table_shows_the
     assert "| 0.95 (0.88–1.02) |" in row
     base_row = [line for line in report.markdown_table(result).splitlines() if line.startswith("| base")][0]
     assert "| 1.00 (1.00–1.00) |" in base_row
+
+
+# ------------------------------------------------------------------------------------------------ per proposal source
+
+
+def lookup_summary(k: int, *, mode: str = "on") -> dict:
+    """``LookupSource.summary()`` after ``k`` equal slices of traffic: per slice 10 decode steps (2 plain, 4 drafted,
+    3 lookup, 1 mixed), 4 lookup rows verifying 12 tokens with 6 accepted, 8 draft rows verifying 24 with 8
+    accepted; the lifetime plan cost grows by 1 µs per slice so the test sees which snapshot it came from."""
+    return {
+        "mode": mode,
+        "steps": {"plain": 2 * k, "drafted": 4 * k, "lookup": 3 * k, "mixed": k},
+        "indexed_requests": 3,
+        "lookup": {"proposals": 5 * k, "rows": 4 * k, "verified": 12 * k, "accepted": 6 * k,
+                   "accept_length": 2.5 if k else None, "ece": 0.05 if k else None},
+        "draft": {"rows": 8 * k, "verified": 24 * k, "accepted": 8 * k, "accept_length": 2.0 if k else None},
+        "plan_us_per_step": 10.0 + k if k else None,
+    }
+
+
+def test_lookup_delta_is_the_traffic_between_snapshots():
+    d = engine.lookup_delta(lookup_summary(3), lookup_summary(5))  # two slices of traffic
+    assert d["mode"] == "on"
+    assert d["steps"] == {"plain": 4, "drafted": 8, "lookup": 6, "mixed": 2}
+    assert d["step_share"] == pytest.approx({"plain": 0.2, "drafted": 0.4, "lookup": 0.3, "mixed": 0.1})
+    assert (d["lookup"]["rows"], d["lookup"]["verified"], d["lookup"]["accepted"]) == (8, 24, 12)
+    assert d["lookup"]["proposals"] == 10 and d["lookup"]["acceptance"] == pytest.approx(0.5)
+    assert d["lookup_accept_length"] == pytest.approx(1 + 12 / 8)  # the bonus token included
+    assert (d["draft"]["rows"], d["draft"]["verified"], d["draft"]["accepted"]) == (16, 48, 16)
+    assert d["draft_accept_length"] == pytest.approx(1 + 16 / 16)
+    assert d["plan_us_per_step"] == 15.0 and d["lookup_ece"] == 0.05  # the after-snapshot's lifetime values
+    # A level whose accept lengths differ from the lifetime ones: only the level's traffic counts.
+    after = lookup_summary(5)
+    after["lookup"]["accepted"] += 8  # this level's 8 lookup rows accepted 20 of their 24 tokens
+    assert engine.lookup_delta(lookup_summary(3), after)["lookup_accept_length"] == pytest.approx(1 + 20 / 8)
+    # No before-snapshot (the server did not answer): the lifetime counts are the level's.
+    first = engine.lookup_delta(None, lookup_summary(1))
+    assert first["steps"] == {"plain": 2, "drafted": 4, "lookup": 3, "mixed": 1}
+    # Lookup off, a non-DSPARK server, NGRAM: nothing to difference.
+    assert engine.lookup_delta(lookup_summary(1), None) is None and engine.lookup_delta(None, None) is None
+    # No decode step in the level, and a forced lookup that verified no draft row: no share, no τ, no crash.
+    idle = engine.lookup_delta(lookup_summary(2), lookup_summary(2))
+    assert idle["step_share"] == dict.fromkeys(("plain", "drafted", "lookup", "mixed"))
+    assert idle["lookup_accept_length"] is None and idle["draft_accept_length"] is None
+    forced = engine.lookup_delta(None, {"mode": "forced", "steps": {"lookup": 4}, "lookup": {"rows": 4,
+                                        "verified": 8, "accepted": 4, "ece": None}, "draft": {},
+                                        "plan_us_per_step": None})
+    assert forced["mode"] == "forced" and forced["step_share"]["lookup"] == 1.0
+    assert forced["lookup_accept_length"] == 2.0 and forced["draft_accept_length"] is None
+    assert forced["plan_us_per_step"] is None and forced["lookup_ece"] is None
+
+
+def test_sources_table_prints_a_row_per_level_with_dashes_where_a_server_has_no_lookup():
+    sources = engine.lookup_delta(lookup_summary(1), lookup_summary(2))
+    idle = engine.lookup_delta(lookup_summary(2), lookup_summary(2))
+    result = {"settings": {}, "configs": [
+        {"label": "no-spec", "levels": [{"concurrency": 1, "output_tok_s": 10.0}]},
+        {"label": "dspark", "levels": [{"concurrency": 1, "output_tok_s": 12.0, "admission": {"steps": 0}}]},
+        {"label": "lookup", "levels": [{"concurrency": 1, "output_tok_s": 15.0, "sources": sources},
+                                       {"concurrency": 4, "output_tok_s": 30.0, "sources": idle}]},
+    ]}
+    report.add_ratios(result)
+    text = report.summary_tables(result)
+    assert text.startswith(report.markdown_table(result))
+    table = report.sources_table(result)
+    assert table in text
+    header, separator, *rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert header == ("| configuration | load | steps plain / drafted / lookup / mixed % | lookup τ | draft τ | "
+                      "lookup µs/step |")
+    assert separator == "| --- " * 6 + "|"
+    assert rows == [
+        "| no-spec | c=1 | – | – | – | – |",
+        "| dspark | c=1 | – | – | – | – |",
+        "| lookup | c=1 | 20 / 40 / 30 / 10 | 2.50 | 2.00 | 12.0 |",
+        "| lookup | c=4 | – | – | – | 12.0 |",  # no decode step in the level: no share, no τ
+    ]
+    # A run where no server reported a lookup prints the main table alone.
+    for config in result["configs"]:
+        for level in config["levels"]:
+            level.pop("sources", None)
+    assert report.sources_table(result) == "" and report.summary_tables(result) == report.markdown_table(result)
+    assert report.source_cells({"sources": None}) == {"steps": "–", "lookup_tau": "–", "draft_tau": "–",
+                                                      "plan_us": "–"}
+
+
+def test_sweep_records_and_prints_per_source_numbers(serving, monkeypatch, tmp_path, capsys):
+    """Three servers: DSPARK with prompt lookup, DSPARK with lookup off (``"lookup": None``) and one without
+    ``dspark_admission`` (no-spec, NGRAM). One slice of lookup traffic between each pair of snapshots."""
+    fake_servers(serving, monkeypatch)
+    calls = {"lookup": 0}
+
+    def snapshot(url, timeout=30.0):
+        if url.endswith(":1"):
+            calls["lookup"] += 1
+            admission = {"policy": "async", "steps": 10 * calls["lookup"], "lookup": lookup_summary(calls["lookup"])}
+            return {"speculative_algorithm": "DSPARK", "dspark_admission": admission}
+        if url.endswith(":2"):
+            return {"speculative_algorithm": "DSPARK", "dspark_admission": {"policy": "async", "lookup": None}}
+        return {"speculative_algorithm": "NGRAM", "dspark_admission": None}
+
+    monkeypatch.setattr(engine, "server_snapshot", snapshot)
+    out_dir = tmp_path / "out"
+    rc = runner.main(["--url", "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3",
+                      "--label", "lookup", "off", "ngram", "--concurrency", "1", "2", "--prompts-per-level", "2",
+                      "--max-tokens", "4", "--rounds", "1", "--output-dir", str(out_dir)])
+    assert rc == 0
+    result = json.loads((out_dir / "loadtest.json").read_text())
+    lookup, off, ngram = result["configs"]
+    for level in lookup["levels"]:
+        assert level["sources"]["steps"] == {"plain": 2, "drafted": 4, "lookup": 3, "mixed": 1}
+        assert level["sources"]["lookup_accept_length"] == pytest.approx(2.5)
+        assert level["sources"]["draft_accept_length"] == pytest.approx(2.0)
+    # The plan cost is the after-snapshot's (2nd and 4th reading of server 1).
+    assert [lv["sources"]["plan_us_per_step"] for lv in lookup["levels"]] == [12.0, 14.0]
+    assert all("sources" not in level for level in off["levels"] + ngram["levels"])
+    captured = capsys.readouterr()
+    assert "| lookup | c=1 | 20 / 40 / 30 / 10 | 2.50 | 2.00 | 12.0 |" in captured.out
+    assert "| lookup | c=2 | 20 / 40 / 30 / 10 | 2.50 | 2.00 | 14.0 |" in captured.out
+    assert "| off | c=2 | – | – | – | – |" in captured.out
+    assert "| ngram | c=1 | – | – | – | – |" in captured.out
+    assert "(lookup τ 2.50, draft τ 2.00)" in captured.err  # the progress line of each level
+    # --replot prints the per-source table from the JSON alone
+    assert runner.main(["--replot", str(out_dir / "loadtest.json"), "--output-dir", str(tmp_path / "re")]) == 0
+    assert "| lookup | c=2 | 20 / 40 / 30 / 10 | 2.50 | 2.00 | 14.0 |" in capsys.readouterr().out

@@ -47,7 +47,7 @@ def test_empty_summary_is_json_and_has_every_key():
     summary = AdmissionStats().summary()
     assert set(summary) == {
         "policy", "sps", "steps", "mean_admitted_draft_len", "admitted_len_histogram", "mean_accept_len", "ece",
-        "ece_window", "mean_predicted_survival", "mean_observed_survival", "mean_step_ms", "accepted_len_histogram",
+        "ece_window", "mean_predicted_survival", "mean_observed_survival", "mean_step_ms", "accepted_len_histogram", "lookup",
         "calibration_bins", "drafted_steps", "drafted_step_share", "draft_gate", "timed_steps", "step_seconds_sum",
         "timed_drafted_steps", "drafted_step_seconds_sum",
     }
@@ -337,6 +337,59 @@ def test_metrics_hooks_create_only_when_enabled_and_refresh_on_log_ticks(monkeyp
     reporter.forward_ct_decode = 40
     observability.export_at_decode_log_tick(None, reporter, True)
     assert sample(registry, "sglang_dspark:mean_accept_len") == pytest.approx(2.5)
+
+
+LOOKUP_SUMMARY = {  # engine/lookup_source.LookupSource.summary()
+    "mode": "on",
+    "steps": {"plain": 3, "drafted": 10, "lookup": 4, "mixed": 2},
+    "indexed_requests": 2,
+    "lookup": {"proposals": 9, "rows": 6, "verified": 18, "accepted": 12, "accept_length": 3.0, "ece": 0.07},
+    "draft": {"rows": 20, "verified": 60, "accepted": 20, "accept_length": 2.0},
+    "plan_us_per_step": 41.5,
+}
+
+
+def test_exporter_lookup_gauges_per_step_kind_and_source(private_exporter):
+    exporter, registry = private_exporter
+    stats = AdmissionStats()
+    stats.set_lookup(lambda: LOOKUP_SUMMARY)
+    exporter.update(stats.summary())
+    for kind, count in LOOKUP_SUMMARY["steps"].items():
+        assert sample(registry, "sglang_dspark:lookup_steps", kind=kind) == count
+    for source in ("lookup", "draft"):
+        counts = LOOKUP_SUMMARY[source]
+        assert sample(registry, "sglang_dspark:lookup_source_rows", source=source) == counts["rows"]
+        assert sample(registry, "sglang_dspark:lookup_source_verified_tokens", source=source) == counts["verified"]
+        assert sample(registry, "sglang_dspark:lookup_source_accepted_tokens", source=source) == counts["accepted"]
+        assert sample(registry, "sglang_dspark:lookup_source_accept_len", source=source) == counts["accept_length"]
+    assert sample(registry, "sglang_dspark:lookup_ece") == pytest.approx(0.07)
+    assert sample(registry, "sglang_dspark:lookup_plan_us_per_step") == pytest.approx(41.5)
+
+    # Nothing measured yet (a fresh source): NaN, not a 0 that would read as a measurement.
+    fresh = {**LOOKUP_SUMMARY, "lookup": {**LOOKUP_SUMMARY["lookup"], "accept_length": None, "ece": None},
+             "plan_us_per_step": None}
+    stats.set_lookup(lambda: fresh)
+    exporter.update(stats.summary())
+    assert math.isnan(sample(registry, "sglang_dspark:lookup_ece"))
+    assert math.isnan(sample(registry, "sglang_dspark:lookup_plan_us_per_step"))
+    assert math.isnan(sample(registry, "sglang_dspark:lookup_source_accept_len", source="lookup"))
+
+
+def test_exporter_without_lookup_leaves_the_lookup_gauges_out(private_exporter):
+    exporter, registry = private_exporter
+    stats = AdmissionStats()
+    record_example_step(stats)
+    summary = stats.summary()
+    assert summary["lookup"] is None  # the lookup is off
+    exporter.update(summary)
+    summary.pop("lookup")  # a summary from before the lookup existed
+    exporter.update(summary)
+    assert sample(registry, "sglang_dspark:mean_accept_len") == pytest.approx(2.5)  # the rest is exported
+    assert sample(registry, "sglang_dspark:lookup_steps", kind="plain") is None
+    assert sample(registry, "sglang_dspark:lookup_source_rows", source="lookup") is None
+    assert sample(registry, "sglang_dspark:lookup_plan_us_per_step") is None
+    exporter.update({**summary, "lookup": {"steps": None, "lookup": None}})  # a partial section: no crash either
+    assert math.isnan(sample(registry, "sglang_dspark:lookup_source_rows", source="lookup"))
 
 
 # ---------------------------------------------------------------------------------------------- hook targets

@@ -1,0 +1,161 @@
+"""Prompt lookup as a proposal source of our DSPARK planner (SGLang adapter; issue #39).
+
+Per decode step, on the host, before the step runs: each request's lookup proposal (``lookup/book.py``, from the
+tokens the scheduler holds), its acceptance estimates (``lookup/calibration.py``) and the rows that take it
+(``scheduling/lookup_choice.py``), as a frozen :class:`~sglang_dspark.engine.step_plan.LookupPlan`. After the step,
+:meth:`LookupSource.observe` reads the step record (verify and commit lengths) to teach the calibration and count what
+each source proposed, verified and got accepted.
+
+A proposal is made only for rows whose host tokens are current (``len(prompt) + len(output) == seq_len + 1``: the
+anchor is the last token the host holds); under SGLang's overlap scheduler ``patches/lookup_current_tokens.py`` runs
+a batch with a lookup match after the previous result is processed, so its tokens are. Nothing here reads a device
+tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import NamedTuple, Optional
+
+import torch
+
+from sglang_dspark import envs
+from sglang_dspark.engine.step_plan import LookupPlan
+from sglang_dspark.lookup.book import BatchProposals, LookupBook, set_active_book
+from sglang_dspark.lookup.calibration import LookupCalibration
+from sglang_dspark.scheduling.lookup_choice import lookup_conditionals, lookup_lengths, prefers_lookup
+
+logger = logging.getLogger(__name__)
+
+STEP_KINDS = ("plain", "drafted", "lookup", "mixed")
+
+
+class Proposed(NamedTuple):
+    """One step's proposals (``lookup/book.BatchProposals``) and their [R, γ] acceptance estimates."""
+
+    proposals: BatchProposals
+    conditional: torch.Tensor
+
+    @property
+    def rows(self) -> torch.Tensor:
+        return self.proposals.lengths > 0
+
+
+def _request_tokens(req):
+    return req.rid, req.origin_input_ids, req.output_ids
+
+
+class LookupSource:
+    def __init__(self, gamma: int, *, forced: bool = False) -> None:
+        self.gamma = int(gamma)
+        self.forced = forced
+        self.book = LookupBook()
+        self.calibration = LookupCalibration(max_tokens=max(1, self.gamma))
+        self.steps = dict.fromkeys(STEP_KINDS, 0)
+        self.lookup_rows = self.lookup_verified = self.lookup_accepted = 0
+        self.draft_rows = self.draft_verified = self.draft_accepted = 0
+        self.proposals = 0  # rows with a proposal, over all planned steps
+        self.planned_steps = 0
+        self.plan_seconds = 0.0  # host time of plan() over all steps (the lookup's cost per step)
+
+    @classmethod
+    def from_env(cls, gamma: int) -> Optional["LookupSource"]:
+        """The source ``SGLANG_DSPARK_LOOKUP`` asks for (None: off); its book is the one the scheduler-side patch
+        reads (``patches/lookup_current_tokens.py``)."""
+        mode = envs.LOOKUP.get()
+        source = None if mode == "off" else cls(gamma, forced=mode == "forced")
+        set_active_book(source.book if source is not None else None)
+        return source
+
+    # ------------------------------------------------------------------ before a step
+
+    def propose(self, batch) -> Optional[Proposed]:
+        """This step's proposals and their acceptance estimates (None: no row has one)."""
+        started = time.perf_counter()
+        try:
+            return self._propose(batch)
+        finally:
+            self.plan_seconds += time.perf_counter() - started
+            self.planned_steps += 1
+
+    def _propose(self, batch) -> Optional[Proposed]:
+        reqs = list(getattr(batch, "reqs", None) or ())
+        seq_lens = batch.seq_lens_cpu if getattr(batch, "seq_lens_cpu", None) is not None else getattr(
+            batch.spec_info, "nxt_kv_lens_cpu", None)
+        self.book.retain(req.rid for req in reqs)
+        if not reqs or seq_lens is None or len(seq_lens) != len(reqs):
+            return None
+        # Only rows whose host tokens end with the anchor (module docstring); the others get no proposal.
+        rows = [_request_tokens(req) if len(req.origin_input_ids) + len(req.output_ids) == int(seq_lens[i]) + 1
+                else None for i, req in enumerate(reqs)]
+        proposals = self.book.propose(rows, self.gamma)
+        if not proposals.any:
+            return None
+        self.proposals += int((proposals.lengths > 0).sum())
+        conditional = lookup_conditionals(proposals.lengths, proposals.match_lens, self.gamma,
+                                          self.calibration.conditional)
+        return Proposed(proposals, conditional)
+
+    def rows_for(self, proposed: Optional[Proposed], *, drafted: bool, draft_survival: Optional[torch.Tensor],
+                 cost) -> Optional[LookupPlan]:
+        """The step's lookup rows (None: none). Lengths by Algorithm 1 over the estimates with ``cost``, the rate of a
+        step without the draft block (None: not known yet, every proposed token); on a drafted step (``drafted``)
+        only rows expecting at least the draft's tokens (``draft_survival``, the [R, γ] survivals the gate read)."""
+        if proposed is None:
+            return None
+        proposals, conditional = proposed.proposals, proposed.conditional
+        lengths = lookup_lengths(conditional, cost, forced=self.forced, proposed=proposals.lengths)
+        if drafted and not self.forced:
+            known = draft_survival if draft_survival is not None and draft_survival.shape == conditional.shape else None
+            lengths = torch.where(prefers_lookup(conditional, known), lengths, torch.zeros_like(lengths))
+        if not bool((lengths > 0).any()):
+            return None
+        conditional = torch.where(torch.arange(self.gamma) < lengths[:, None], conditional,
+                                  torch.zeros_like(conditional))
+        return LookupPlan(tokens=proposals.tokens, lengths=lengths, match_lens=proposals.match_lens,
+                          conditional=conditional)
+
+    # ------------------------------------------------------------------ after a step
+
+    def observe(self, record) -> None:
+        """A finished decode step (``engine/step_record.StepRecord``): the lookup rows teach the calibration; every
+        row counts toward its source."""
+        lookup: Optional[LookupPlan] = record.lookup
+        kind = ("mixed" if record.drafted else "lookup") if lookup is not None else (
+            "drafted" if record.drafted else "plain")
+        self.steps[kind] += 1
+        rows = lookup.rows.tolist() if lookup is not None and len(lookup.lengths) == len(record.commit_lens) else None
+        for i, (verified, committed) in enumerate(zip(record.verify_lens, record.commit_lens)):
+            proposed, accepted = max(0, verified - 1), max(0, min(committed, verified) - 1)
+            if rows is not None and rows[i]:
+                self.lookup_rows += 1
+                self.lookup_verified += proposed
+                self.lookup_accepted += accepted
+                self.calibration.observe(int(lookup.match_lens[i]), proposed, accepted)
+            elif record.drafted:
+                self.draft_rows += 1
+                self.draft_verified += proposed
+                self.draft_accepted += accepted
+
+    def summary(self) -> dict:
+        """Per-source proposals, verified and accepted tokens, step kinds and the lookup's cost (/server_info)."""
+        ece = self.calibration.ece()
+        return {
+            "mode": "forced" if self.forced else "on",
+            "steps": dict(self.steps),
+            "indexed_requests": len(self.book),
+            "lookup": {"proposals": self.proposals, "rows": self.lookup_rows, "verified": self.lookup_verified,
+                       "accepted": self.lookup_accepted,
+                       "accept_length": round(1.0 + self.lookup_accepted / self.lookup_rows, 4) if self.lookup_rows
+                       else None,
+                       "ece": None if math.isnan(ece) else round(ece, 4)},
+            "draft": {"rows": self.draft_rows, "verified": self.draft_verified, "accepted": self.draft_accepted,
+                      "accept_length": round(1.0 + self.draft_accepted / self.draft_rows, 4) if self.draft_rows
+                      else None},
+            "plan_us_per_step": round(1e6 * self.plan_seconds / self.planned_steps, 2) if self.planned_steps else None,
+        }
+
+
+__all__ = ["LookupSource", "Proposed", "STEP_KINDS"]

@@ -1,0 +1,113 @@
+"""The lookup indices of the running requests, and one step's proposals for a batch (pure Python/torch).
+
+A request's index (``index.ContextIndex``) is built from its prompt at its first decode step and extended by the
+tokens committed since on every later one; a finished request's index is dropped when a batch no longer lists it
+(:meth:`LookupBook.retain`), so memory is bounded by the running requests' contexts. A request whose token list is
+shorter than what was indexed (a retraction that dropped outputs) is re-indexed from scratch.
+
+Proposals are read from the tokens the scheduler holds on the host: they are current on a step that runs after the
+previous result was processed (``patches/lookup_current_tokens.py``); where they are not, a proposal may be off by a
+step and is rejected by the verify, never accepted wrongly (the verify checks every proposed token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+from sglang_dspark.lookup.index import ContextIndex, LookupProposal
+
+DEFAULT_MIN_NGRAM = 2
+DEFAULT_MAX_NGRAM = 6
+
+
+@dataclass(frozen=True)
+class BatchProposals:
+    """One step's lookup proposals for R requests, on the host: ``tokens [R, γ]`` (rows without a proposal, and
+    positions past one, hold the fill token 0, never verified), ``lengths [R]`` tokens proposed (0: none),
+    ``match_lens [R]`` tail tokens matched (0: none)."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    match_lens: torch.Tensor
+
+    @property
+    def any(self) -> bool:
+        return bool(self.lengths.any())
+
+
+class LookupBook:
+    def __init__(self, *, min_ngram: int = DEFAULT_MIN_NGRAM, max_ngram: int = DEFAULT_MAX_NGRAM) -> None:
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+        self._indices: dict[str, ContextIndex] = {}
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def index_for(self, rid: str, prompt: Sequence[int], output: Sequence[int]) -> ContextIndex:
+        """``rid``'s index, brought up to ``prompt + output`` (the request's tokens as the scheduler holds them)."""
+        index = self._indices.get(rid)
+        known = len(prompt) + len(output)
+        if index is None or len(index) > known:
+            index = ContextIndex(min_ngram=self.min_ngram, max_ngram=self.max_ngram)
+            self._indices[rid] = index
+        indexed = len(index)
+        if indexed < len(prompt):
+            index.extend(prompt[indexed:])
+            index.extend(output)
+        elif indexed < known:
+            index.extend(output[indexed - len(prompt):])
+        return index
+
+    def retain(self, rids: Iterable[str]) -> None:
+        """Drop the indices of requests not in ``rids`` (finished or aborted)."""
+        keep = set(rids)
+        for rid in [rid for rid in self._indices if rid not in keep]:
+            del self._indices[rid]
+
+    def propose(self, requests: Sequence[Optional[tuple[str, Sequence[int], Sequence[int]]]],
+                gamma: int) -> BatchProposals:
+        """Proposals of up to ``gamma`` tokens for ``(rid, prompt, output)`` rows, in batch order (None: a row that
+        gets no proposal this step; its index is left as it is)."""
+        rows = len(requests)
+        tokens = torch.zeros(rows, gamma, dtype=torch.int64)
+        lengths = torch.zeros(rows, dtype=torch.int64)
+        match_lens = torch.zeros(rows, dtype=torch.int64)
+        for row, request in enumerate(requests):
+            if request is None:
+                continue
+            proposal: Optional[LookupProposal] = self.index_for(*request).propose(gamma)
+            if proposal is None:
+                continue
+            count = len(proposal.tokens)
+            tokens[row, :count] = torch.tensor(proposal.tokens, dtype=torch.int64)
+            lengths[row] = count
+            match_lens[row] = proposal.match_len
+        return BatchProposals(tokens=tokens, lengths=lengths, match_lens=match_lens)
+
+    def has_match(self, rid: str, prompt: Sequence[int], output: Sequence[int]) -> bool:
+        """Whether ``rid``'s tail (as the scheduler holds it) recurs in its context."""
+        return self.index_for(rid, prompt, output).propose(1) is not None
+
+
+    def any_match(self, reqs) -> bool:
+        """Whether any of SGLang's requests (``rid``, ``origin_input_ids``, ``output_ids``) has a tail that recurs."""
+        return any(self.has_match(req.rid, req.origin_input_ids, req.output_ids) for req in reqs)
+
+
+_active: Optional[LookupBook] = None
+
+
+def set_active_book(book: Optional[LookupBook]) -> None:
+    """The book of this process's DSPARK worker (None: lookup off), which the scheduler-side patch reads."""
+    global _active
+    _active = book
+
+
+def active_book() -> Optional[LookupBook]:
+    return _active
+
+
+__all__ = ["BatchProposals", "LookupBook", "active_book", "set_active_book"]

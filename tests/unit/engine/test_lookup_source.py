@@ -1,0 +1,122 @@
+"""Prompt lookup as a source of our planner (engine/lookup_source.py) and a drafted step's lookup rows
+(engine/worker.with_lookup_rows), on fake SGLang batches: nothing here needs a server."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import msgspec
+import pytest
+import torch
+
+from sglang_dspark.engine.lookup_source import LookupSource
+from sglang_dspark.engine.step_record import StepRecord
+from sglang_dspark.lookup.book import active_book
+from sglang_dspark.scheduling.draft_gate import FlatCost
+
+GAMMA = 4
+
+
+def _req(rid, prompt, output):
+    return SimpleNamespace(rid=rid, origin_input_ids=list(prompt), output_ids=list(output))
+
+
+def _batch(reqs, seq_lens=None):
+    if seq_lens is None:  # current tokens: the anchor (last output token) is not in the KV yet
+        seq_lens = [len(r.origin_input_ids) + len(r.output_ids) - 1 for r in reqs]
+    return SimpleNamespace(reqs=reqs, seq_lens_cpu=torch.tensor(seq_lens), spec_info=None)
+
+
+def _plan(source, batch, **choice):
+    return source.rows_for(source.propose(batch), **choice)
+
+
+REPEATING = _req("a", [5, 6, 7, 8, 9, 5, 6], [7])  # tail (5, 6, 7) recurs: propose 8, 9, 5, 6
+FRESH = _req("b", [1, 2, 3], [4])  # no recurring tail
+
+
+def test_a_step_without_the_draft_verifies_what_pays_and_only_current_rows():
+    source = LookupSource(GAMMA)
+    plan = _plan(source, _batch([REPEATING, FRESH]), drafted=False, draft_survival=None, cost=FlatCost(1.0))
+    assert plan is not None and plan.lengths.tolist() == [4, 0] and plan.tokens[0].tolist() == [8, 9, 5, 6]
+    assert plan.rows.tolist() == [True, False] and (plan.conditional[1] == 0).all()
+    # Tokens one step behind the KV (SGLang's overlap scheduler): no proposal for that row.
+    stale = _batch([REPEATING], seq_lens=[len(REPEATING.origin_input_ids) + len(REPEATING.output_ids)])
+    assert source.propose(stale) is None
+    assert source.planned_steps == 2 and source.plan_seconds > 0
+
+
+def test_gate_rows_without_a_proposal_keep_their_draft_survival():
+    from sglang_dspark.scheduling.lookup_choice import without_rows
+
+    proposed = LookupSource(GAMMA).propose(_batch([REPEATING, FRESH]))
+    survival = torch.full((2, GAMMA), 0.8)
+    gated = without_rows(survival, proposed.rows)
+    assert gated[0].eq(0).all() and gated[1].eq(0.8).all() and survival.eq(0.8).all()
+    assert without_rows(None, proposed.rows) is None and without_rows(survival, None) is survival
+
+
+def test_a_drafted_step_keeps_the_draft_where_it_expects_more():
+    source = LookupSource(GAMMA)
+    strong_draft = torch.ones(2, GAMMA)
+    assert _plan(source, _batch([REPEATING, FRESH]), drafted=True, draft_survival=strong_draft, cost=None) is None
+    weak_draft = torch.full((2, GAMMA), 0.1)
+    plan = _plan(source, _batch([REPEATING, FRESH]), drafted=True, draft_survival=weak_draft, cost=None)
+    assert plan.lengths.tolist() == [4, 0]
+
+
+def test_forced_verifies_every_proposal_even_on_a_drafted_step():
+    source = LookupSource(GAMMA, forced=True)
+    plan = _plan(source, _batch([REPEATING]), drafted=True, draft_survival=torch.ones(1, GAMMA), cost=FlatCost(1.0))
+    assert plan.lengths.tolist() == [4]
+
+
+def test_records_teach_the_calibration_and_count_each_source():
+    source = LookupSource(GAMMA)
+    plan = _plan(source, _batch([REPEATING, FRESH]), drafted=False, draft_survival=None, cost=FlatCost(1.0))
+    before = source.calibration.conditional(3, 4).clone()
+    # Row 0 verified its 4 lookup tokens and 3 were accepted (+ the bonus): committed 4; row 1 its anchor only.
+    source.observe(StepRecord(verify_lens=[5, 1], commit_lens=[4, 1], confidence=None, seconds=0.01, drafted=False,
+                              lookup=plan))
+    after = source.calibration.conditional(3, 4)
+    assert (after[:3] > before[:3]).all() and after[3] < before[3]
+    source.observe(StepRecord(verify_lens=[3, 2], commit_lens=[1, 3], confidence=None, seconds=0.01, drafted=True))
+    summary = source.summary()
+    assert summary["steps"] == {"plain": 0, "drafted": 1, "lookup": 1, "mixed": 0}
+    assert summary["lookup"]["rows"] == 1 and summary["lookup"]["verified"] == 4 and summary["lookup"]["accepted"] == 3
+    assert summary["draft"] == {"rows": 2, "verified": 3, "accepted": 1, "accept_length": 1.5}
+    assert summary["lookup"]["ece"] is not None and summary["plan_us_per_step"] > 0
+
+
+def test_from_env_shares_the_book_with_the_scheduler_side_patch(monkeypatch):
+    monkeypatch.setenv("SGLANG_DSPARK_LOOKUP", "off")
+    assert LookupSource.from_env(GAMMA) is None and active_book() is None
+    monkeypatch.setenv("SGLANG_DSPARK_LOOKUP", "forced")
+    source = LookupSource.from_env(GAMMA)
+    assert source.forced and active_book() is source.book
+    monkeypatch.setenv("SGLANG_DSPARK_LOOKUP", "off")
+    LookupSource.from_env(GAMMA)
+
+
+def test_a_drafted_step_s_lookup_rows_get_their_chain_a_point_mass_and_their_estimates():
+    pytest.importorskip("sglang")
+    from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResult, DraftProposal
+
+    from sglang_dspark.engine.worker import with_lookup_rows
+
+    source = LookupSource(GAMMA)
+    plan = _plan(source, _batch([REPEATING, FRESH]), drafted=True, draft_survival=torch.zeros(2, GAMMA), cost=None)
+    vocab = 12
+    block = DraftBlockResult(draft_tokens=torch.full((2, GAMMA), 3), corrected_logits=torch.randn(2, GAMMA, vocab),
+                             greedy_mask=torch.zeros(2, dtype=torch.bool), temperatures=torch.ones(2),
+                             greedy_draft=False)
+    proposal = DraftProposal(draft_block_ids=torch.zeros(2, GAMMA, dtype=torch.long), draft_block=block,
+                             confidence=torch.full((2, GAMMA), 0.7), folded=True, verify_ids=torch.zeros(2, 5))
+    mixed = with_lookup_rows(proposal, plan, "cpu")
+    assert mixed.draft_block.draft_tokens[0].tolist() == [8, 9, 5, 6] and mixed.draft_block.draft_tokens[1].eq(3).all()
+    q = torch.softmax(mixed.draft_block.corrected_logits / 0.7, dim=-1)
+    assert torch.equal(q[0], torch.nn.functional.one_hot(torch.tensor([8, 9, 5, 6]), vocab).float())
+    assert torch.equal(mixed.draft_block.corrected_logits[1], block.corrected_logits[1])
+    assert torch.allclose(mixed.confidence[0], plan.conditional[0].float()) and mixed.confidence[1].eq(0.7).all()
+    assert not mixed.folded and mixed.verify_ids is None
+    assert isinstance(mixed, DraftProposal) and msgspec.structs.asdict(mixed)["draft_block_ids"] is proposal.draft_block_ids

@@ -1,0 +1,57 @@
+"""Which source each request verifies and how many lookup tokens: Algorithm 1 over the lookup's estimates."""
+
+import torch
+
+from sglang_dspark.lookup.calibration import LookupCalibration
+from sglang_dspark.scheduling.draft_gate import FlatCost
+from sglang_dspark.scheduling.lookup_choice import lookup_conditionals, lookup_lengths, prefers_lookup
+
+
+class LinearCost:
+    """Step seconds = base + per_token * B."""
+
+    def __init__(self, base, per_token):
+        self.base, self.per_token = base, per_token
+
+    def steps_per_second(self, num_requests, verify_tokens):
+        if isinstance(verify_tokens, torch.Tensor):
+            return 1.0 / (self.base + self.per_token * verify_tokens.to(torch.float64))
+        return 1.0 / (self.base + self.per_token * verify_tokens)
+
+
+def test_conditionals_fill_the_proposed_positions_only():
+    calibration = LookupCalibration(max_tokens=4)
+    conditional = lookup_conditionals(torch.tensor([3, 0, 1]), torch.tensor([2, 0, 4]), 4, calibration.conditional)
+    assert conditional.shape == (3, 4)
+    assert (conditional[0, :3] == 0.5).all() and conditional[0, 3] == 0  # the Beta(1, 1) prior
+    assert (conditional[1] == 0).all() and conditional[2, 0] == 0.5 and (conditional[2, 1:] == 0).all()
+
+
+def test_a_free_verify_takes_every_proposed_token_and_a_costly_one_none():
+    conditional = torch.tensor([[0.9, 0.9, 0.9, 0.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    assert lookup_lengths(conditional, FlatCost(1.0)).tolist() == [3, 0]
+    # Each verified token costs as much as a whole plain step: 0.9 expected tokens never pay for it.
+    assert lookup_lengths(conditional, LinearCost(0.0, 1.0)).tolist() == [0, 0]
+
+
+def test_the_length_stops_where_the_estimates_stop_paying():
+    # A token costs 10 % of a plain step of 2 rows (base 1.8 + 0.1 per token): positions past survival ~0.1 do not pay.
+    conditional = torch.tensor([[0.95, 0.9, 0.3, 0.3], [0.5, 0.1, 0.1, 0.1]], dtype=torch.float64)
+    lengths = lookup_lengths(conditional, LinearCost(1.8, 0.1))
+    assert lengths.tolist() == [3, 1]
+
+
+def test_forced_verifies_every_proposed_token():
+    conditional = torch.tensor([[0.01, 0.01, 0.0]], dtype=torch.float64)
+    assert lookup_lengths(conditional, LinearCost(0.0, 1.0), forced=True, proposed=torch.tensor([2])).tolist() == [2]
+    assert lookup_lengths(conditional, None).tolist() == [2]  # no cost known yet: every proposed token
+
+
+def test_a_row_takes_the_lookup_when_it_expects_at_least_the_draft_s_tokens():
+    lookup = torch.tensor([[0.9, 0.9, 0.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    draft = torch.tensor([[0.8, 0.6, 0.4], [0.8, 0.6, 0.4], [0.9, 0.9, 0.9]])
+    # Row 0: 0.9 + 0.81 = 1.71 >= 1.8? no. Row 1: 0.5 < 1.8. Row 2: no proposal.
+    assert prefers_lookup(lookup, draft).tolist() == [False, False, False]
+    weak_draft = torch.tensor([[0.5, 0.2, 0.1]] * 3)
+    assert prefers_lookup(lookup, weak_draft).tolist() == [True, False, False]  # 1.71 >= 0.8; 0.5 < 0.8
+    assert prefers_lookup(lookup, None).tolist() == [True, True, False]

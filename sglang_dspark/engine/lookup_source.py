@@ -47,6 +47,12 @@ def _request_tokens(req):
     return req.rid, req.origin_input_ids, req.output_ids
 
 
+def _tokens_left(req) -> int:
+    """Tokens the request may still commit (its max_new_tokens less its output; large when unknown)."""
+    limit = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
+    return 1 << 30 if limit is None else int(limit) - len(req.output_ids)
+
+
 class LookupSource:
     def __init__(self, gamma: int, *, forced: bool = False) -> None:
         self.gamma = int(gamma)
@@ -91,6 +97,11 @@ class LookupSource:
         rows = [_request_tokens(req) if len(req.origin_input_ids) + len(req.output_ids) == int(seq_lens[i]) + 1
                 else None for i, req in enumerate(reqs)]
         proposals = self.book.propose(rows, self.gamma)
+        if not proposals.any:
+            return None
+        # A request commits at most its remaining tokens: proposing past them is verify work that cannot pay.
+        remaining = torch.tensor([_tokens_left(req) for req in reqs], dtype=torch.int64)
+        proposals = proposals.capped(torch.clamp(remaining - 1, min=0))
         if not proposals.any:
             return None
         self.proposals += int((proposals.lengths > 0).sum())

@@ -55,7 +55,7 @@ MAX_CONCURRENCY = 1024
 MAX_LEVELS = 16
 MAX_PROMPTS_PER_LEVEL = 4096
 CONFIG_NAMES = ("no-spec", "no-spec-control", "dspark", "dspark-baseline-draft", "dspark-verify-all", "dspark-gate-off",
-                "dspark-upstream", "ngram")
+                "dspark-no-lookup", "dspark-upstream", "ngram")
 DEFAULT_CONFIGS = ("no-spec", "dspark", "dspark-verify-all", "dspark-upstream", "ngram")
 
 
@@ -100,6 +100,10 @@ def launch_configs(names: list[str], draft: str | None, ngram_draft_tokens: int 
         # Our worker with the draft gate off (draft every step): what the gate gains.
         "dspark-gate-off": ServerConfig(
             "dspark-gate-off", "DSPARK draft gate off", draft_args, {"SGLANG_DSPARK_DRAFT_GATE": "off"}
+        ),
+        # Our worker without prompt lookup (the draft only): what the lookup gains, or costs where it does not pay.
+        "dspark-no-lookup": ServerConfig(
+            "dspark-no-lookup", "DSPARK without lookup", draft_args, {"SGLANG_DSPARK_LOOKUP": "off"}
         ),
         "dspark-upstream": ServerConfig(
             "dspark-upstream", "DSPARK upstream static", draft_args, {"SGLANG_DSPARK_WORKER": "upstream"}

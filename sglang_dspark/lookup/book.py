@@ -37,6 +37,12 @@ class BatchProposals:
     def any(self) -> bool:
         return bool(self.lengths.any())
 
+    def capped(self, limits: torch.Tensor) -> "BatchProposals":
+        """At most ``limits[r]`` tokens for row r (a row capped to 0 has no proposal)."""
+        lengths = torch.minimum(self.lengths, limits.to(self.lengths.dtype))
+        tokens = self.tokens.masked_fill(torch.arange(self.tokens.shape[1]) >= lengths[:, None], 0)
+        return BatchProposals(tokens=tokens, lengths=lengths, match_lens=torch.where(lengths > 0, self.match_lens, 0))
+
 
 class LookupBook:
     def __init__(self, *, min_ngram: int = DEFAULT_MIN_NGRAM, max_ngram: int = DEFAULT_MAX_NGRAM) -> None:

@@ -120,3 +120,14 @@ def test_a_drafted_step_s_lookup_rows_get_their_chain_a_point_mass_and_their_est
     assert torch.allclose(mixed.confidence[0], plan.conditional[0].float()) and mixed.confidence[1].eq(0.7).all()
     assert not mixed.folded and mixed.verify_ids is None
     assert isinstance(mixed, DraftProposal) and msgspec.structs.asdict(mixed)["draft_block_ids"] is proposal.draft_block_ids
+
+
+def test_a_proposal_never_exceeds_what_the_request_may_still_commit():
+    source = LookupSource(GAMMA)
+    almost_done = _req("a", REPEATING.origin_input_ids, REPEATING.output_ids)
+    almost_done.sampling_params = SimpleNamespace(max_new_tokens=3)  # 1 output so far: 2 more, the bonus included
+    plan = _plan(source, _batch([almost_done]), drafted=False, draft_survival=None, cost=FlatCost(1.0))
+    assert plan.lengths.tolist() == [1] and plan.tokens[0].tolist() == [8, 0, 0, 0]
+    done = _req("b", REPEATING.origin_input_ids, REPEATING.output_ids)
+    done.sampling_params = SimpleNamespace(max_new_tokens=2)
+    assert source.propose(_batch([done])) is None

@@ -113,6 +113,7 @@ def test_launch_configs_set_the_documented_switches():
     configs = {c.name: c for c in runner.launch_configs(list(runner.CONFIG_NAMES), draft=None, baseline_draft="/old")}
     assert configs["dspark-verify-all"].env == {"SGLANG_DSPARK_ADMISSION": "verify-all"}
     assert configs["dspark-gate-off"].env == {"SGLANG_DSPARK_DRAFT_GATE": "off"}
+    assert configs["dspark-no-lookup"].env == {"SGLANG_DSPARK_LOOKUP": "off"}
     assert configs["dspark-upstream"].env == {"SGLANG_DSPARK_WORKER": "upstream"}
     assert configs["no-spec"].args == [] and "DSPARK" in configs["dspark"].args
     control = configs["no-spec-control"]  # the same launch as no-spec, under its own name and label

@@ -45,7 +45,7 @@ from sglang_dspark.profiler.step_costs import StepCosts
 from sglang_dspark.engine.step_plan import DRAFTED, CurrentStep, StepPlan
 from sglang_dspark.scheduling.acceptance import SurvivalPrior
 from sglang_dspark.scheduling.draft_gate import DraftGate, ForcedGate, GateDecision, make_draft_gate
-from sglang_dspark.scheduling.lookup_choice import without_rows
+from sglang_dspark.scheduling.lookup_choice import draft_pays_beside_lookup, without_rows
 from sglang_dspark.scheduling.policy import AdmissionPolicy
 from sglang_dspark.scheduling.stats import get_admission_stats
 
@@ -337,7 +337,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
                 req_pool_indices_cpu=rows,
             )
         proposed = self._propose(batch)
-        decision = self._decide(survival, batch.batch_size(), lookup_rows=proposed.rows if proposed else None)
+        decision = self._decide(survival, batch.batch_size(), proposed)
         self._decided_in_prepare = (draft_input, decision, survival, proposed)
         if not decision.draft:
             budget = 0
@@ -364,7 +364,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         else:
             survival = self._sync_survival(batch)
             proposed = self._propose(batch)
-            decision = self._decide(survival, len(batch.seq_lens), lookup_rows=proposed.rows if proposed else None)
+            decision = self._decide(survival, len(batch.seq_lens), proposed)
         plan = StepPlan.decided(decision, compact_ok=compact_ok, plain_ok=plain_ok,
                                 lookup=self._lookup_rows(proposed, decision, survival))
         if plan.lookup is not None:
@@ -413,10 +413,12 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         generation = self.model_runner.req_to_token_pool.req_generation[rows]
         return self._budget_planner.latest_survival(req_pool_indices_cpu=rows, current_generation=generation)
 
-    def _decide(self, survival: Optional[torch.Tensor], num_requests: int,
-                lookup_rows: Optional[torch.Tensor] = None) -> GateDecision:
-        """The gate's decision. ``lookup_rows``: requests with a lookup proposal this step; the draft must pay on the
-        others (scheduling/lookup_choice.py), so their rows count no draft token."""
+    def _decide(self, survival: Optional[torch.Tensor], num_requests: int, proposed=None) -> GateDecision:
+        """The gate's decision. ``proposed``: this step's lookup proposals (engine/lookup_source.Proposed); the draft
+        must pay on the requests without one (their rows alone count draft tokens) and beat the step that verifies
+        the chains without it (scheduling/lookup_choice.py)."""
+        lookup_rows = proposed.rows if proposed is not None else None
+        lookup_conditional = proposed.conditional if proposed is not None else None
         gate = self.draft_gate
         try:
             held = gate.held_pause(num_requests)  # a pause repeated without reading anything (scheduling/draft_gate.py)
@@ -434,6 +436,11 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
                 num_requests=num_requests,
                 prior_survival=without_rows(prior, lookup_rows),
             )
+            if decision.draft and lookup_conditional is not None and isinstance(gate, DraftGate) and not draft_pays_beside_lookup(
+                    lookup_conditional, survival, self.step_costs.drafted, self.step_costs.undrafted):
+                # The gate weighed the draft against a plain step; beside lookup chains the alternative verifies
+                # them too (scheduling/lookup_choice.py).
+                decision = GateDecision(False, "lookup", decision.choice)
         except Exception:  # the gate must never take a decode step down: draft, as without it
             logger.exception("sglang-dspark: draft gate failed; drafting every step from now on")
             self.draft_gate = None

@@ -4,8 +4,12 @@ Two proposal sources share one objective, expected committed tokens × step rate
 
 * **lookup** (``sglang_dspark/lookup/``): a deterministic chain copied from the request's own context; its
   conditional acceptance per position is the online estimate (``LookupCalibration``), known on the host before the
-  step, so its length is chosen with Algorithm 1 (:func:`lookup_lengths`) against the cost of a step that runs no
-  draft block (verify + the step level).
+  step, so its lengths come from the global capacity search and the top-K (:func:`lookup_lengths`) against the cost
+  of a step that runs no draft block (verify + the step level). A global search, not Algorithm 1's
+  first-non-improvement stop: a verify of R + 1 tokens can cost far more than one of R (a one-token-per-request
+  verify is the cheaper kernel path; +16 % at R = 16 in a CPU table), a cliff no single candidate climbs, and the stop
+  exists only for candidates whose survival depends on tokens sampled in the same step, which a chain fixed before
+  the step never has.
 * **draft**: the DSpark block; whether it runs at all is the draft gate's decision (``draft_gate.py``).
 
 The draft gate decides whether the draft runs from the requests without a lookup proposal only (:func:`without_rows`:
@@ -22,10 +26,15 @@ from typing import Optional
 
 import torch
 
-from sglang_dspark.scheduling.admission import admit_exact
+from sglang_dspark.scheduling.admission import (
+    _reachable_path_throughput,
+    admit_topk,
+    capacity_from_survival,
+    survival_probabilities,
+)
 from sglang_dspark.scheduling.cost_model import StepCostModel
 
-__all__ = ["lookup_conditionals", "lookup_lengths", "prefers_lookup", "without_rows"]
+__all__ = ["draft_pays_beside_lookup", "lookup_conditionals", "lookup_lengths", "prefers_lookup", "without_rows"]
 
 
 def lookup_conditionals(lengths: torch.Tensor, match_lens: torch.Tensor, gamma: int, conditional_of) -> torch.Tensor:
@@ -42,14 +51,16 @@ def lookup_conditionals(lengths: torch.Tensor, match_lens: torch.Tensor, gamma: 
 
 def lookup_lengths(conditional: torch.Tensor, cost: Optional[StepCostModel], *, forced: bool = False,
                    proposed: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``[R]`` lookup tokens to verify per request on a step without the draft: Algorithm 1 over the lookup
-    conditionals with ``cost`` (a step that runs no draft block); ``forced`` (or no cost yet): every proposed token
-    (``proposed``: tokens per row; default, the rows' positive conditionals)."""
+    """``[R]`` lookup tokens to verify per request on a step without the draft: ``K = argmax_K Θ_K`` over the lookup
+    survivals with ``cost`` (a step that runs no draft block), then the top ``K`` candidates by survival (a prefix of
+    every row); ``forced`` (or no cost yet): every proposed token (``proposed``: tokens per row; default, the rows'
+    positive conditionals)."""
     if forced or cost is None:
         if proposed is None:
             proposed = (conditional > 0).sum(dim=-1)
         return proposed.to(torch.long)
-    return admit_exact(conditional, cost)
+    capacity = capacity_from_survival(survival_probabilities(conditional), cost, conditional.shape[-2])
+    return admit_topk(conditional, capacity)
 
 
 def prefers_lookup(lookup_conditional: torch.Tensor, draft_survival: Optional[torch.Tensor]) -> torch.Tensor:
@@ -69,3 +80,24 @@ def without_rows(survival: Optional[torch.Tensor], rows: Optional[torch.Tensor])
     if survival is None or rows is None or survival.shape[0] != rows.shape[0] or not bool(rows.any()):
         return survival
     return survival.masked_fill(rows.to(torch.bool)[:, None], 0.0)
+
+
+def draft_pays_beside_lookup(lookup_conditional: torch.Tensor, draft_survival: Optional[torch.Tensor],
+                             cost_drafted: StepCostModel, cost_undrafted: StepCostModel) -> bool:
+    """Whether a drafted step beats the step without the draft when some rows have lookup chains: the draft gate
+    compared the draft with a plain step, but here the alternative verifies the chains too.
+
+        Θ(lookup only) = max_K (R + Σ top-K lookup survivals) · SPS_undrafted(R, R + K)
+        Θ(drafted)     = max_K (R + Σ top-K of the rows' best survivals) · SPS_drafted(R, R + K)
+
+    (a row's best: its lookup survivals where it has a chain, else the draft's ``draft_survival``; None: the draft
+    adds nothing known). Ties go to the step without the draft."""
+    lookup = survival_probabilities(lookup_conditional)
+    num_requests = lookup.shape[-2]
+    if draft_survival is None or draft_survival.shape != lookup.shape:
+        return False
+    has_lookup = lookup_conditional[:, :1] > 0
+    best = torch.where(has_lookup, lookup, draft_survival.to(lookup.dtype).clamp(0.0, 1.0))
+    theta_lookup = _reachable_path_throughput(lookup, num_requests, cost_undrafted, 0.0).max()
+    theta_drafted = _reachable_path_throughput(best, num_requests, cost_drafted, 0.0).max()
+    return bool(theta_drafted > theta_lookup)

@@ -41,6 +41,29 @@ def test_the_length_stops_where_the_estimates_stop_paying():
     assert lengths.tolist() == [3, 1]
 
 
+class CliffCost:
+    """A verify of one token per request is far cheaper than any wider one (the CPU table's B = R cliff)."""
+
+    def steps_per_second(self, num_requests, verify_tokens):
+        def seconds(b):
+            return 1.0 if b <= num_requests else 1.3 + 0.01 * (b - num_requests)
+
+        if isinstance(verify_tokens, torch.Tensor):
+            return torch.tensor([1.0 / seconds(int(b)) for b in verify_tokens.flatten()],
+                                dtype=torch.float64).view(verify_tokens.shape)
+        return 1.0 / seconds(int(verify_tokens))
+
+
+def test_the_search_climbs_a_cost_cliff_that_no_single_token_pays_for():
+    # 4 rows: the first lookup token alone gains 0.9 / 4 = 22 % for a 31 % dearer step (Algorithm 1 would stop there);
+    # eight together pay.
+    conditional = torch.tensor([[0.9] * 4, [0.9] * 4, [0.0] * 4, [0.0] * 4], dtype=torch.float64)
+    lengths = lookup_lengths(conditional, CliffCost())
+    assert lengths.tolist() == [4, 4, 0, 0]
+    # A weak proposal does not pay for the cliff at all.
+    assert lookup_lengths(conditional * 0.2, CliffCost()).tolist() == [0, 0, 0, 0]
+
+
 def test_forced_verifies_every_proposed_token():
     conditional = torch.tensor([[0.01, 0.01, 0.0]], dtype=torch.float64)
     assert lookup_lengths(conditional, LinearCost(0.0, 1.0), forced=True, proposed=torch.tensor([2])).tolist() == [2]
@@ -55,3 +78,18 @@ def test_a_row_takes_the_lookup_when_it_expects_at_least_the_draft_s_tokens():
     weak_draft = torch.tensor([[0.5, 0.2, 0.1]] * 3)
     assert prefers_lookup(lookup, weak_draft).tolist() == [True, False, False]  # 1.71 >= 0.8; 0.5 < 0.8
     assert prefers_lookup(lookup, None).tolist() == [True, True, False]
+
+
+def test_the_draft_runs_beside_lookup_chains_only_where_it_beats_the_step_without_it():
+    from sglang_dspark.scheduling.lookup_choice import draft_pays_beside_lookup
+
+    lookup = torch.tensor([[0.9, 0.9, 0.9, 0.9], [0.0] * 4], dtype=torch.float64)
+    strong_draft = torch.tensor([[0.0] * 4, [0.95, 0.9, 0.85, 0.8]])
+    weak_draft = torch.tensor([[0.0] * 4, [0.3, 0.1, 0.0, 0.0]])
+    # The draft block costs half a step on top of the same verify.
+    drafted, undrafted = LinearCost(1.5, 0.05), LinearCost(1.0, 0.05)
+    assert draft_pays_beside_lookup(lookup, strong_draft, drafted, undrafted)
+    assert not draft_pays_beside_lookup(lookup, weak_draft, drafted, undrafted)
+    assert not draft_pays_beside_lookup(lookup, None, drafted, undrafted)  # nothing known about the draft
+    # A free draft block never loses to the step without it (ties go to the step without the draft).
+    assert draft_pays_beside_lookup(lookup, weak_draft, undrafted, undrafted)

@@ -93,15 +93,17 @@ class Sample:
     seconds: float = 0.0
 
 
-def sample_completions(url: str, prompt: str, params: dict, n: int, chunk: int = 500,
+def sample_completions(url: str, prompt, params: dict, n: int, chunk: int = 500,
                        timeout: float = 900) -> Sample:
-    """``n`` sampled completions of ``prompt`` (batched ``/generate`` with a list of prompts, ``chunk`` a request);
-    every completion must have exactly ``params["max_new_tokens"]`` tokens (use ``ignore_eos``)."""
+    """``n`` sampled completions of ``prompt`` (a text, or a list of token ids; batched ``/generate`` with a list of
+    prompts, ``chunk`` a request); every completion must have exactly ``params["max_new_tokens"]`` tokens (use
+    ``ignore_eos``)."""
     sample = Sample(ids=[])
     started = time.monotonic()
+    field = "text" if isinstance(prompt, str) else "input_ids"
     while len(sample.ids) < n:
         size = min(chunk, n - len(sample.ids))
-        body = {"text": [prompt] * size, "sampling_params": dict(params)}
+        body = {field: [prompt] * size, "sampling_params": dict(params)}
         response = requests.post(f"{url}/generate", json=body, timeout=timeout)
         response.raise_for_status()
         results = response.json()

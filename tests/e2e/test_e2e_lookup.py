@@ -46,15 +46,13 @@ failure does not rest on that.
 
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 import pytest
-import requests
 
 from sglang_dspark.lookup.index import brute_force_proposal
 from sglang_dspark.testing.biased_accept import control_env
-from sglang_dspark.testing.exactness import STATISTICS, Sample, compare
+from sglang_dspark.testing.exactness import STATISTICS, Sample, compare, sample_completions
 from sglang_dspark.testing.helpers import PROMPTS, dspark_args
 
 pytestmark = pytest.mark.server
@@ -136,24 +134,8 @@ def echo_prompt(server, tokenizer, text: str) -> list[int]:
 
 
 def sample_ids(server, input_ids: list[int], params: dict, n: int, chunk: int = 500) -> Sample:
-    """``n`` sampled completions of a token-id prompt (``exactness.sample_completions`` for ``input_ids``)."""
-    sample = Sample(ids=[])
-    started = time.monotonic()
-    while len(sample.ids) < n:
-        size = min(chunk, n - len(sample.ids))
-        body = {"input_ids": [input_ids] * size, "sampling_params": dict(params)}
-        response = requests.post(f"{server.url}/generate", json=body, timeout=900)
-        response.raise_for_status()
-        results = response.json()
-        assert len(results) == size
-        for result in results:
-            ids, meta = tuple(result["output_ids"]), result["meta_info"]
-            assert len(ids) == params["max_new_tokens"], meta
-            sample.ids.append(ids)
-            sample.verify_steps += int(meta.get("spec_verify_ct") or 0)
-            sample.accepted_drafts += int(meta.get("spec_num_correct_drafts") or 0)
-    sample.seconds = time.monotonic() - started
-    return sample
+    """``n`` sampled completions of a token-id prompt."""
+    return sample_completions(server.url, list(input_ids), params, n, chunk=chunk)
 
 
 def triggers_lookup(prompt: list[int], first_token: int) -> bool:

@@ -1,22 +1,71 @@
 """What a decode step costs, as the capacity search and the draft gate read it, and how served steps refine it.
 
     drafted(R, B)   = scale · verify(R, B) + level(R) + block(R)     (steps per second: ``drafted``, a StepCostModel)
-    undrafted(R, B) = scale · verify(R, B) + level(R)                (steps per second: a step verifying lookup
+    undrafted(R, B) = scale · verify(R, B) + level(R) + chain(R)·(B − R)
+                                                                     (steps per second: a step verifying lookup
                                                                       chains without the draft block)
     plain(R)        = scale · verify(R, R) + level(R)                (seconds: ``plain``)
 
 ``verify``: the SPS table profiled at start-up (``sps_table.py``); ``scale``: its online agreement with the steps
 served (``table_trust.TableAgreement``); ``level`` and ``block``: the rest of a step, learned from every step and
-from drafted/plain pairs (``step_overhead.DraftedAndPlainOverheads``). ``observe`` is the one door through which a
-served step teaches all three.
+from drafted/plain pairs (``step_overhead.DraftedAndPlainOverheads``); ``chain``: what a step without the draft pays
+per verified chain token beyond the table's verify (the strided logits, the accept, the draft-KV write of what it
+commits: 2 ms a token at 16 requests on the 2-core CPU, +30 % over the table), learned from those steps
+(:class:`ChainTokenCost`). ``observe`` is the one door through which a served step teaches all four; a chain step
+teaches the level and the scale net of its chain cost.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from sglang_dspark.profiler.step_overhead import DraftedAndPlainOverheads, OverheadAdjustedCost
+import math
+from typing import Union
+
+import torch
+
+from sglang_dspark.profiler.step_overhead import DraftedAndPlainOverheads, OverheadAdjustedCost, load_bucket
 from sglang_dspark.profiler.table_trust import TableAgreement
+
+
+class ChainTokenCost:
+    """Seconds per chain token (beyond the anchors) a step without the draft pays over its table verify and level,
+    per load bucket: an exponential average of (measured − verify − level) / (B − R); 0 until such a step ran."""
+
+    def __init__(self, rate: float = 0.2) -> None:
+        self.rate = rate
+        self._per_bucket: dict[int, float] = {}
+
+    def seconds(self, num_requests: int) -> float:
+        return self._per_bucket.get(load_bucket(num_requests), 0.0)
+
+    def observe(self, num_requests: int, chain_tokens: int, residual_seconds: float) -> None:
+        if chain_tokens <= 0 or not math.isfinite(residual_seconds):
+            return
+        sample = max(0.0, residual_seconds) / chain_tokens
+        bucket = load_bucket(num_requests)
+        old = self._per_bucket.get(bucket)
+        self._per_bucket[bucket] = sample if old is None else old + self.rate * (sample - old)
+
+    def summary(self) -> dict:
+        return {bucket: round(1e3 * value, 3) for bucket, value in sorted(self._per_bucket.items())}
+
+
+class UndraftedCost:
+    """A ``StepCostModel`` for a step without the draft block: the verify and level of ``base`` plus the chain cost."""
+
+    def __init__(self, base: OverheadAdjustedCost, chain: ChainTokenCost) -> None:
+        self.base, self.chain = base, chain
+
+    def steps_per_second(self, num_requests: int, verify_tokens: Union[int, torch.Tensor]):
+        per_token = self.chain.seconds(num_requests)
+        rate = self.base.steps_per_second(num_requests, verify_tokens)
+        if per_token == 0.0:
+            return rate
+        if isinstance(verify_tokens, torch.Tensor):
+            extra = per_token * (verify_tokens.to(torch.float64) - num_requests).clamp(min=0)
+            return 1.0 / (1.0 / rate + extra)
+        return 1.0 / (1.0 / rate + per_token * max(0, int(verify_tokens) - num_requests))
 
 
 class StepCosts:
@@ -24,8 +73,9 @@ class StepCosts:
         self.table = table
         self.overheads = DraftedAndPlainOverheads()
         self.agreement = TableAgreement(source=source)
+        self.chain = ChainTokenCost()
         self.drafted = OverheadAdjustedCost(table, self.overheads.drafted)
-        self.undrafted = OverheadAdjustedCost(table, self.overheads.level)
+        self.undrafted = UndraftedCost(OverheadAdjustedCost(table, self.overheads.level), self.chain)
 
     def plain(self, num_requests: int) -> Optional[float]:
         """Seconds of a step that skips the draft and verifies the R anchors (None before a plain step was timed)."""
@@ -45,11 +95,18 @@ class StepCosts:
         if record.seconds is None:
             return False
         num_requests = len(record.commit_lens)
-        table_seconds = self.table.step_seconds(num_requests, sum(record.verify_lens))
-        rescaled = self.agreement.observe(record.seconds, table_seconds)
+        verify_tokens = sum(record.verify_lens)
+        table_seconds = self.table.step_seconds(num_requests, verify_tokens)
+        seconds = record.seconds
+        chain_tokens = verify_tokens - num_requests if not record.drafted else 0
+        if chain_tokens > 0:
+            residual = seconds - self.drafted.verify_scale * table_seconds - self.overheads.level.seconds(num_requests)
+            self.chain.observe(num_requests, chain_tokens, residual)
+            seconds = max(0.0, seconds - self.chain.seconds(num_requests) * chain_tokens)
+        rescaled = self.agreement.observe(seconds, table_seconds)
         if rescaled:
-            self.drafted.verify_scale = self.undrafted.verify_scale = self.agreement.scale
-        self.overheads.observe(num_requests, record.drafted, record.seconds, self.drafted.verify_scale * table_seconds)
+            self.drafted.verify_scale = self.undrafted.base.verify_scale = self.agreement.scale
+        self.overheads.observe(num_requests, record.drafted, seconds, self.drafted.verify_scale * table_seconds)
         return rescaled
 
     def table_summary(self) -> dict:

@@ -458,6 +458,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         # The draft block's learned cost per R bucket, from adjacent drafted / plain steps, and how many pairs taught it.
         summary["draft_ms"] = costs["draft_block_ms"]
         summary["draft_block_pairs"] = costs["pairs"]
+        summary["chain_token_ms"] = self.step_costs.chain.summary()  # a lookup step's cost per chain token
         summary["compact_anchor_steps"] = self.compact_anchor_steps
         summary["plain_decode_steps"] = self.plain_decode_steps
         if self.pending_context_kv is not None:

@@ -16,6 +16,9 @@ class LinearTable:
     def step_seconds(self, num_requests, verify_tokens):
         return 0.010 + 0.001 * verify_tokens
 
+    def step_seconds_tensor(self, num_requests, verify_tokens):
+        return 0.010 + 0.001 * verify_tokens.to(float)
+
     def summary(self):
         return {"source": "test"}
 
@@ -48,3 +51,19 @@ def test_a_table_slower_than_the_served_steps_is_scaled_down():
     assert any(changed) and costs.drafted.verify_scale == pytest.approx(0.5, rel=0.05)
     summary = costs.table_summary()
     assert summary["source"] == "test" and summary["corrections"] >= 1
+
+
+def test_a_lookup_step_teaches_its_chain_cost_and_the_level_net_of_it():
+    costs = StepCosts(LinearTable())
+    costs.observe(record(2, [1, 1], drafted=False, seconds=0.020))  # plain: level 8 ms
+    assert costs.undrafted.steps_per_second(2, 6) == pytest.approx(1 / (0.016 + 0.008))  # no chain cost known yet
+    # A lookup step verifying 4 chain tokens: 16 ms of verify, 8 ms of level, 2 ms per chain token on top.
+    costs.observe(record(2, [3, 3], drafted=False, seconds=0.016 + 0.008 + 4 * 0.002))
+    assert costs.chain.seconds(2) == pytest.approx(0.002) and costs.chain.summary() == {2: 2.0}
+    assert costs.undrafted.steps_per_second(2, 6) == pytest.approx(1 / 0.032)
+    import torch
+
+    rates = costs.undrafted.steps_per_second(2, torch.tensor([2, 6]))
+    assert rates.tolist() == pytest.approx([1 / 0.020, 1 / 0.032])
+    assert costs.plain(2) == pytest.approx(0.020)  # the level was taught net of the chain cost
+    assert costs.chain.seconds(64) == 0.0  # another load bucket: nothing learned there

@@ -22,6 +22,11 @@ pytestmark = pytest.mark.server
 SAMPLED_MIX = {**GREEDY, "temperature": 0.8, "top_k": 20, "top_p": 0.9}
 
 
+# The gate's own paths (plain and drafted steps); steps that verify prompt-lookup chains are tested in
+# test_e2e_lookup.py.
+NO_LOOKUP = {"SGLANG_DSPARK_LOOKUP": "off"}
+
+
 def admission_info(server) -> dict:
     return server.get("/server_info").json()["internal_states"][0]["dspark_admission"]
 
@@ -35,7 +40,8 @@ def _delta(after: dict, before: dict, *path: str):
 
 @pytest.mark.parametrize("mode", ["pause", "alternate", "off"])
 def test_forced_pausing_is_exact(mode, tiny_pair, shared_server, nospec_reference):
-    env = {"SGLANG_DSPARK_DRAFT_GATE": mode}
+    # With the gate off the lookup is off too (it rides on the gate): the same launch as the penalties file's.
+    env = {"SGLANG_DSPARK_DRAFT_GATE": mode, **(NO_LOOKUP if mode != "off" else {})}
     server = shared_server(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), env=env)
     start = admission_info(server)
     bs1 = generate_all(server, PROMPTS, GREEDY, concurrency=1)
@@ -90,7 +96,7 @@ def test_drafting_comes_back_after_a_pause(overlap, tiny_pair, launch, nospec_re
     probing now and then) and then is free. The gate must leave the pause on its own and draft again. Both
     scheduler paths: overlap (the gate decides with the budget, from the confidence relay) and synchronous (from the
     host carry ring, before the draft)."""
-    env = {"SGLANG_DSPARK_DRAFT_GATE": "comeback"}
+    env = {"SGLANG_DSPARK_DRAFT_GATE": "comeback", **NO_LOOKUP}
     args = dspark_args(tiny_pair.draft_dir) + ([] if overlap else ["--disable-overlap-schedule"])
     with launch(tiny_pair.target_dir, args, env=env) as server:
         bs8 = generate_all(server, PROMPTS, GREEDY, concurrency=8)

@@ -115,7 +115,8 @@ def dspark(tiny_pair, shared_server, nospec):
 def dspark_paused(tiny_pair, shared_server, nospec):
     """The draft gate forced to skip every draft: plain anchor-only steps, which must apply the penalties too (they
     keep upstream's strided verify: the compact anchor-only step is for batches without logits adjustments)."""
-    env = {"SGLANG_DSPARK_DRAFT_GATE": "pause"}
+    # Lookup off: every decode step of the paused server is a plain step (lookup steps: test_e2e_lookup.py).
+    env = {"SGLANG_DSPARK_DRAFT_GATE": "pause", "SGLANG_DSPARK_LOOKUP": "off"}
     server = shared_server(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), env=env, timeout=START_TIMEOUT)
     admission = lambda: server.get("/server_info").json()["internal_states"][0]["dspark_admission"]  # noqa: E731
     before = admission()  # earlier traffic (the launcher's warm-up request, other tests) ran already

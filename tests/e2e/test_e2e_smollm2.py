@@ -123,7 +123,9 @@ def test_drafting_after_plain_decode_steps_sees_the_full_context(pair, prompts, 
     target, _ = pair
     rates = {}
     for plain_step in ("decode", "verify"):
-        env = {"SGLANG_DSPARK_DRAFT_GATE": "alternate", "SGLANG_DSPARK_PLAIN_STEP": plain_step}
+        # Lookup off: every skipped step is a plain step, and every drafted step drafts every row.
+        env = {"SGLANG_DSPARK_DRAFT_GATE": "alternate", "SGLANG_DSPARK_PLAIN_STEP": plain_step,
+               "SGLANG_DSPARK_LOOKUP": "off"}
         with launch(target, ["--speculative-algorithm", "DSPARK"], env=env, max_total_tokens=8192) as server:
             # Every drafted step verifies its whole block (upstream's admin knob): how many drafts the admission
             # verifies otherwise depends on this machine's step times (CI runs once got 36 of the 60 needed), and

@@ -90,12 +90,13 @@ def draft_pays_beside_lookup(lookup_conditional: torch.Tensor, draft_survival: O
         Θ(lookup only) = max_K (R + Σ top-K lookup survivals) · SPS_undrafted(R, R + K)
         Θ(drafted)     = max_K (R + Σ top-K of the rows' best survivals) · SPS_drafted(R, R + K)
 
-    (a row's best: its lookup survivals where it has a chain, else the draft's ``draft_survival``; None: the draft
-    adds nothing known). Ties go to the step without the draft."""
+    (a row's best: its lookup survivals where it has a chain, else the draft's ``draft_survival``). Ties go to the step
+    without the draft. With nothing known of the draft (None, or rows that are not these) the gate's call stands:
+    a drafted step is how the draft's survivals become known."""
     lookup = survival_probabilities(lookup_conditional)
     num_requests = lookup.shape[-2]
     if draft_survival is None or draft_survival.shape != lookup.shape:
-        return False
+        return True
     has_lookup = lookup_conditional[:, :1] > 0
     best = torch.where(has_lookup, lookup, draft_survival.to(lookup.dtype).clamp(0.0, 1.0))
     theta_lookup = _reachable_path_throughput(lookup, num_requests, cost_undrafted, 0.0).max()

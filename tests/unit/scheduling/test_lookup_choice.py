@@ -90,6 +90,6 @@ def test_the_draft_runs_beside_lookup_chains_only_where_it_beats_the_step_withou
     drafted, undrafted = LinearCost(1.5, 0.05), LinearCost(1.0, 0.05)
     assert draft_pays_beside_lookup(lookup, strong_draft, drafted, undrafted)
     assert not draft_pays_beside_lookup(lookup, weak_draft, drafted, undrafted)
-    assert not draft_pays_beside_lookup(lookup, None, drafted, undrafted)  # nothing known about the draft
+    assert draft_pays_beside_lookup(lookup, None, drafted, undrafted)  # nothing known of the draft: the gate's call
     # A free draft block never loses to the step without it (ties go to the step without the draft).
     assert draft_pays_beside_lookup(lookup, weak_draft, undrafted, undrafted)

@@ -64,7 +64,7 @@ class LookupSource:
         self.draft_rows = self.draft_verified = self.draft_accepted = 0
         self.proposals = 0  # rows with a proposal, over all planned steps
         self.planned_steps = 0
-        self.plan_seconds = 0.0  # host time of plan() over all steps (the lookup's cost per step)
+        self.plan_seconds = 0.0  # host time of propose() over all steps (the lookup's cost per step)
 
     @classmethod
     def from_env(cls, gamma: int) -> Optional["LookupSource"]:

@@ -106,13 +106,13 @@ class LookupSource:
             return None
         self.proposals += int((proposals.lengths > 0).sum())
         conditional = lookup_conditionals(proposals.lengths, proposals.match_lens, self.gamma,
-                                          self.calibration.conditional)
+                                          self.calibration.planning)
         return Proposed(proposals, conditional)
 
     def rows_for(self, proposed: Optional[Proposed], *, drafted: bool, draft_survival: Optional[torch.Tensor],
                  cost) -> Optional[LookupPlan]:
-        """The step's lookup rows (None: none). Lengths by Algorithm 1 over the estimates with ``cost``, the rate of a
-        step without the draft block (None: not known yet, every proposed token); on a drafted step (``drafted``)
+        """The step's lookup rows (None: none). Lengths by the global capacity search over the estimates with ``cost``,
+        the rate of a step without the draft block (None: not known yet, every proposed token); on a drafted step (``drafted``)
         only rows expecting at least the draft's tokens (``draft_survival``, the [R, γ] survivals the gate read)."""
         if proposed is None:
             return None

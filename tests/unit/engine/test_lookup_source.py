@@ -131,3 +131,33 @@ def test_a_proposal_never_exceeds_what_the_request_may_still_commit():
     done = _req("b", REPEATING.origin_input_ids, REPEATING.output_ids)
     done.sampling_params = SimpleNamespace(max_new_tokens=2)
     assert source.propose(_batch([done])) is None
+
+
+class CpuLikeCost:
+    """Seconds of a step without the draft, shaped like the 2-core CPU table at 16 requests: 115 ms at one token per
+    request, a +16 % cliff at the first extra token, then 3.8 ms per token."""
+
+    def steps_per_second(self, num_requests, verify_tokens):
+        b = torch.as_tensor(verify_tokens, dtype=torch.float64)
+        extra = (b - num_requests).clamp(min=0)
+        seconds = torch.where(extra > 0, 0.1339 + 0.0038 * (extra - 1), torch.full_like(b, 0.1154))
+        return 1.0 / seconds if isinstance(verify_tokens, torch.Tensor) else float(1.0 / seconds)
+
+
+def test_a_fresh_server_tries_chains_the_prior_mean_would_never_pay_for_and_stops_when_they_fail():
+    """16 requests, each with a 4-token chain, on a CPU-like cost: at the prior's mean (0.5 a position) no chain
+    pays, so a planner reading the mean would never verify one and never learn; the planning estimate (mean + one
+    deviation) tries them. After 12 steps whose chains were all rejected it stops."""
+    rows = [_req(f"r{i}", REPEATING.origin_input_ids, REPEATING.output_ids) for i in range(16)]
+    choice = dict(drafted=False, draft_survival=None, cost=CpuLikeCost())
+    mean_only = LookupSource(GAMMA)
+    mean_only.calibration.optimism = 0.0
+    assert _plan(mean_only, _batch(rows), **choice) is None
+    source = LookupSource(GAMMA)
+    plan = _plan(source, _batch(rows), **choice)
+    assert plan is not None and int(plan.lengths.sum()) >= 16
+    for _ in range(12):
+        source.observe(StepRecord(verify_lens=(1 + plan.lengths).tolist(), commit_lens=[1] * 16, confidence=None,
+                                  seconds=0.2, drafted=False, lookup=plan))
+        plan = _plan(source, _batch(rows), **choice) or plan
+    assert _plan(source, _batch(rows), **choice) is None

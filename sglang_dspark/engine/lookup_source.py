@@ -8,8 +8,9 @@ each source proposed, verified and got accepted.
 
 A proposal is made only for rows whose host tokens are current (``len(prompt) + len(output) == seq_len + 1``: the
 anchor is the last token the host holds); under SGLang's overlap scheduler ``patches/lookup_current_tokens.py`` runs
-a batch with a lookup match after the previous result is processed, so its tokens are. Nothing here reads a device
-tensor.
+a batch with a lookup match after the previous result is processed, so its tokens are, while chains are being
+verified at that load (:meth:`LookupSource.needs_current_tokens`, ``scheduling/current_tokens.py``). Nothing here
+reads a device tensor.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import torch
 
 from sglang_dspark import envs
 from sglang_dspark.engine.step_plan import LookupPlan
-from sglang_dspark.lookup.book import BatchProposals, LookupBook, set_active_book
+from sglang_dspark.lookup.active import set_active_lookup
+from sglang_dspark.lookup.book import BatchProposals, LookupBook
 from sglang_dspark.lookup.calibration import LookupCalibration
+from sglang_dspark.scheduling.current_tokens import CurrentTokensPolicy
 from sglang_dspark.scheduling.lookup_choice import lookup_conditionals, lookup_lengths, prefers_lookup
 
 logger = logging.getLogger(__name__)
@@ -59,6 +62,7 @@ class LookupSource:
         self.forced = forced
         self.book = LookupBook()
         self.calibration = LookupCalibration(max_tokens=max(1, self.gamma))
+        self.current_tokens = CurrentTokensPolicy()
         self.steps = dict.fromkeys(STEP_KINDS, 0)
         self.lookup_rows = self.lookup_verified = self.lookup_accepted = 0
         self.draft_rows = self.draft_verified = self.draft_accepted = 0
@@ -68,12 +72,20 @@ class LookupSource:
 
     @classmethod
     def from_env(cls, gamma: int) -> Optional["LookupSource"]:
-        """The source ``SGLANG_DSPARK_LOOKUP`` asks for (None: off); its book is the one the scheduler-side patch
-        reads (``patches/lookup_current_tokens.py``)."""
+        """The source ``SGLANG_DSPARK_LOOKUP`` asks for (None: off), also the one the scheduler-side patch asks
+        (``patches/lookup_current_tokens.py``, through ``lookup/active.py``)."""
         mode = envs.LOOKUP.get()
         source = None if mode == "off" else cls(gamma, forced=mode == "forced")
-        set_active_book(source.book if source is not None else None)
+        set_active_lookup(source)
         return source
+
+    # ------------------------------------------------------------------ before a batch is launched
+
+    def needs_current_tokens(self, reqs) -> bool:
+        """Whether a decode batch of SGLang's requests should run on current tokens: some request's tail (as the
+        scheduler holds it) recurs in its context, and chains are being verified at this load."""
+        reqs = list(reqs)
+        return self.book.any_match(reqs) and self.current_tokens.wants(len(reqs))
 
     # ------------------------------------------------------------------ before a step
 
@@ -116,6 +128,12 @@ class LookupSource:
         only rows expecting at least the draft's tokens (``draft_survival``, the [R, γ] survivals the gate read)."""
         if proposed is None:
             return None
+        plan = self._rows_for(proposed, drafted=drafted, draft_survival=draft_survival, cost=cost)
+        self.current_tokens.observe(len(proposed.proposals.lengths), verified_chains=plan is not None)
+        return plan
+
+    def _rows_for(self, proposed: Proposed, *, drafted: bool, draft_survival: Optional[torch.Tensor],
+                  cost) -> Optional[LookupPlan]:
         proposals, conditional = proposed.proposals, proposed.conditional
         lengths = lookup_lengths(conditional, cost, forced=self.forced, proposed=proposals.lengths)
         if drafted and not self.forced:
@@ -166,6 +184,7 @@ class LookupSource:
                       "accept_length": round(1.0 + self.draft_accepted / self.draft_rows, 4) if self.draft_rows
                       else None},
             "plan_us_per_step": round(1e6 * self.plan_seconds / self.planned_steps, 2) if self.planned_steps else None,
+            **self.current_tokens.summary(),
         }
 
 

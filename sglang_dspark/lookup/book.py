@@ -103,17 +103,4 @@ class LookupBook:
         return any(self.has_match(req.rid, req.origin_input_ids, req.output_ids) for req in reqs)
 
 
-_active: Optional[LookupBook] = None
-
-
-def set_active_book(book: Optional[LookupBook]) -> None:
-    """The book of this process's DSPARK worker (None: lookup off), which the scheduler-side patch reads."""
-    global _active
-    _active = book
-
-
-def active_book() -> Optional[LookupBook]:
-    return _active
-
-
-__all__ = ["BatchProposals", "LookupBook", "active_book", "set_active_book"]
+__all__ = ["BatchProposals", "LookupBook"]

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from sglang_dspark.engine.lookup_source import LookupSource
+from sglang_dspark.lookup.active import active_lookup
 from sglang_dspark.engine.step_record import StepRecord
-from sglang_dspark.lookup.book import active_book
 from sglang_dspark.scheduling.draft_gate import FlatCost
 
 GAMMA = 4
@@ -88,12 +88,12 @@ def test_records_teach_the_calibration_and_count_each_source():
     assert summary["lookup"]["ece"] is not None and summary["plan_us_per_step"] > 0
 
 
-def test_from_env_shares_the_book_with_the_scheduler_side_patch(monkeypatch):
+def test_from_env_is_the_source_the_scheduler_side_patch_asks(monkeypatch):
     monkeypatch.setenv("SGLANG_DSPARK_LOOKUP", "off")
-    assert LookupSource.from_env(GAMMA) is None and active_book() is None
+    assert LookupSource.from_env(GAMMA) is None and active_lookup() is None
     monkeypatch.setenv("SGLANG_DSPARK_LOOKUP", "forced")
     source = LookupSource.from_env(GAMMA)
-    assert source.forced and active_book() is source.book
+    assert source.forced and active_lookup() is source
     monkeypatch.setenv("SGLANG_DSPARK_LOOKUP", "off")
     LookupSource.from_env(GAMMA)
 
@@ -161,3 +161,26 @@ def test_a_fresh_server_tries_chains_the_prior_mean_would_never_pay_for_and_stop
                                   seconds=0.2, drafted=False, lookup=plan))
         plan = _plan(source, _batch(rows), **choice) or plan
     assert _plan(source, _batch(rows), **choice) is None
+
+
+class StepPerToken:
+    """Every verified token as dear as a whole plain step: no chain ever pays."""
+
+    def steps_per_second(self, num_requests, verify_tokens):
+        return 1.0 / torch.as_tensor(verify_tokens, dtype=torch.float64) if isinstance(verify_tokens, torch.Tensor) \
+            else 1.0 / verify_tokens
+
+
+def test_batches_keep_the_overlap_at_a_load_where_no_chain_was_verified_lately():
+    """16 planned steps of 2 requests with a proposal and a verify too costly for any chain: matched batches of that
+    load then keep SGLang's overlap (one in 16 still runs on current tokens); a step that verifies a chain gives
+    current tokens back to every matched batch. A batch without a match never asks for them."""
+    source = LookupSource(GAMMA)
+    batch = _batch([REPEATING, FRESH])
+    assert source.needs_current_tokens(batch.reqs) and not source.needs_current_tokens([FRESH])
+    for _ in range(16):
+        assert _plan(source, batch, drafted=False, draft_survival=None, cost=StepPerToken()) is None
+    asked = [source.needs_current_tokens(batch.reqs) for _ in range(32)]
+    assert asked.count(True) == 2 and source.summary()["overlap_kept_at"] == [2]
+    assert _plan(source, batch, drafted=False, draft_survival=None, cost=FlatCost(1.0)) is not None
+    assert all(source.needs_current_tokens(batch.reqs) for _ in range(4)) and source.summary()["overlap_kept_at"] == []

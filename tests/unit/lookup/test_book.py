@@ -4,7 +4,7 @@ import random
 
 import torch
 
-from sglang_dspark.lookup.book import LookupBook, active_book, set_active_book
+from sglang_dspark.lookup.book import LookupBook
 from sglang_dspark.lookup.index import brute_force_proposal
 
 
@@ -48,7 +48,7 @@ def test_retain_drops_finished_requests():
     assert len(book) == 1
 
 
-def test_any_match_reads_sglang_requests_and_the_active_book_is_shared():
+def test_any_match_reads_sglang_requests():
     class Req:
         def __init__(self, rid, prompt, output):
             self.rid, self.origin_input_ids, self.output_ids = rid, prompt, output
@@ -56,9 +56,3 @@ def test_any_match_reads_sglang_requests_and_the_active_book_is_shared():
     book = LookupBook()
     assert not book.any_match([Req("x", [1, 2, 3], [4])])
     assert book.any_match([Req("x", [1, 2, 3], [4]), Req("y", [5, 6, 5], [6])])
-    set_active_book(book)
-    try:
-        assert active_book() is book
-    finally:
-        set_active_book(None)
-    assert active_book() is None

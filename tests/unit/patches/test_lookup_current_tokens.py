@@ -2,7 +2,8 @@
 
 from types import SimpleNamespace
 
-from sglang_dspark.lookup.book import LookupBook, set_active_book
+from sglang_dspark.engine.lookup_source import LookupSource
+from sglang_dspark.lookup.active import set_active_lookup
 from sglang_dspark.patches.lookup_current_tokens import disable_overlap_for_lookup
 
 
@@ -24,7 +25,7 @@ def _ask(batch, queued=1, upstream=False):
 
 
 def test_only_a_dspark_decode_batch_with_a_match_and_a_queued_result_waits():
-    set_active_book(LookupBook())
+    set_active_lookup(LookupSource(4))
     try:
         assert _ask(_batch([NO_MATCH, MATCH]))
         assert not _ask(_batch([NO_MATCH]))
@@ -32,5 +33,5 @@ def test_only_a_dspark_decode_batch_with_a_match_and_a_queued_result_waits():
         assert not _ask(_batch([MATCH], dspark=False)) and not _ask(_batch([MATCH], decode=False))
         assert _ask(_batch([NO_MATCH]), upstream=True)  # upstream's own reasons stand
     finally:
-        set_active_book(None)
+        set_active_lookup(None)
     assert not _ask(_batch([MATCH]))  # lookup off in this process

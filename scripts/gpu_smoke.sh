@@ -5,7 +5,7 @@
 # (the same as `python -m sglang_dspark.testing.gpu_smoke ...`, which is all this script runs besides nvidia-smi).
 # Starts servers one after another on 127.0.0.1 per attention backend (upstream DSPARK static, ours, then no-spec,
 # which scores the other two) and prints one table: start-up, verify mode from the log and explain's prediction,
-# greedy match rate against no-spec in the same dtype, tok/s at c = 1 and 16. Dtype: bfloat16 on fa3 / flashinfer
+# greedy match rate against no-spec in the same dtype, prompt-lookup chains verified, tok/s at c = 1 and 16. Dtype: bfloat16 on fa3 / flashinfer
 # (neither runs float32 attention), float32 only with triton. Pass: match >= 0.90 (bf16) / 0.95 (fp32) and every
 # differing token within 1 nat of no-spec's (a tie broken the other way); see sglang_dspark/testing/gpu_smoke.py.
 #

@@ -4,7 +4,8 @@ Runs on the official ``lmsysorg/sglang:v0.5.23`` image after ``pip install`` of 
 default pair is built offline, the servers are SGLang's own launcher on 127.0.0.1). Per attention backend (default
 fa3 and flashinfer), three servers one after another: upstream's DSPARK worker (static), ours, and no-spec last,
 which then scores every run's greedy output. Prints one table (``--json`` keeps the full report); exits 1 if a
-server does not start or a run misses its threshold.
+server does not start or a run misses its threshold. The table also says whether our worker's prompt lookup verified
+chains (``/server_info``): their tokens are scored with the rest, so a wrong chain accept fails the match.
 
 Dtype: bfloat16, except ``--attention-backend triton``, which runs float32 (FA3 accepts only fp16/bf16/fp8 and
 FlashInfer's JIT has no fp32 attention, so a float32 server does not start there).
@@ -163,6 +164,26 @@ def _score(server, prompt_ids: list[int], output_ids: list[int]) -> Optional[lis
     return scored_positions(meta, output_ids)
 
 
+def lookup_activity(server_info: dict) -> Optional[dict]:
+    """Our worker's prompt lookup as ``/server_info`` reports it (None: not our DSPARK worker, or the lookup off):
+    the request-steps that verified a chain, their accept length, and the decode steps that verified any."""
+    states = server_info.get("internal_states") or [{}]
+    state = states[0] if isinstance(states[0], dict) else {}
+    lookup = (state.get("dspark_admission") or {}).get("lookup")
+    if not isinstance(lookup, dict):
+        return None
+    steps, chains = lookup.get("steps") or {}, lookup.get("lookup") or {}
+    return {"rows": chains.get("rows"), "accept_length": chains.get("accept_length"),
+            "chain_steps": steps.get("lookup", 0) + steps.get("mixed", 0), "steps": sum(steps.values())}
+
+
+def _lookup_of(server) -> Optional[dict]:
+    try:
+        return lookup_activity(server.get("/server_info").json())
+    except Exception:  # noqa: BLE001 - information only: a server that does not say is reported as "-"
+        return None
+
+
 def smoke(target: str, draft: str, backends: Sequence[str], log_dir: Path, *, start_server: Optional[Callable] = None,
           explain: Optional[Callable] = None, min_match: Optional[float] = None, tie_nats: float = TIE_NATS) -> dict:
     """Start, measure and score every run of every backend; returns the report (``render_table`` prints it)."""
@@ -199,6 +220,8 @@ def smoke(target: str, draft: str, backends: Sequence[str], log_dir: Path, *, st
                 outputs_c16, run["tok_s_c16"] = _run(server, 16)
                 outputs[label] = first_c1 + outputs_c16
                 run["verify_mode"] = verify_mode_from_log(server.log_text())
+                if speculative:  # whether the lookup path ran (its tokens are scored with the rest)
+                    run["lookup"] = _lookup_of(server)
                 if label == NO_SPEC:  # the reference: score every run's output, its own included
                     prompt_ids = [_prompt_ids(server, p) for p in PROMPTS] * 2
                     for scored_label, ids in outputs.items():
@@ -224,7 +247,7 @@ def smoke(target: str, draft: str, backends: Sequence[str], log_dir: Path, *, st
 
 
 COLUMNS = ("backend", "dtype", "run", "start s", "verify mode", "explain", "match", "worst gap", "identical",
-           "tok/s c1", "x c1", "tok/s c16", "x c16", "result")
+           "lookup rows / τ", "tok/s c1", "x c1", "tok/s c16", "x c16", "result")
 
 
 def _fmt(value, spec: str) -> str:
@@ -243,11 +266,18 @@ def table_rows(report: dict) -> list[tuple[str, ...]]:
                 run.get("verify_mode") or "-", predicted if label == "dspark-ours" else "-",
                 _fmt(run.get("match_rate"), ".3f"), _fmt(run.get("worst_gap_nats"), ".2f"),
                 "-" if identical is None else f"{identical}/{run.get('outputs')}",
+                _lookup_cell(run.get("lookup")),
                 _fmt(run.get("tok_s_c1"), ".1f"), _fmt(run.get("ratio_c1"), ".2f"),
                 _fmt(run.get("tok_s_c16"), ".1f"), _fmt(run.get("ratio_c16"), ".2f"),
                 "ok" if not failures else "FAIL: " + "; ".join(failures),
             ))
     return rows
+
+
+def _lookup_cell(lookup: Optional[dict]) -> str:
+    if not lookup:
+        return "-"
+    return f"{lookup.get('rows') or 0} / {_fmt(lookup.get('accept_length'), '.2f')}"
 
 
 def render_table(report: dict) -> str:
@@ -261,7 +291,8 @@ def render_table(report: dict) -> str:
     lines.append(
         f"match: output tokens equal to no-spec's greedy token after the same prefix (no-spec scores each output); "
         f"pass: match {thresholds or '-'} and every differing token within {report['tie_nats']} nats of no-spec's "
-        f"(worst gap). identical: outputs equal to no-spec's free-running output (information only).")
+        f"(worst gap). identical: outputs equal to no-spec's free-running output (information only). lookup: "
+        f"request-steps that verified a prompt-lookup chain and their accept length (information only).")
     lines.append(f"{'PASS' if report['ok'] else 'FAIL'}: target {report['target']}, draft {report['draft']}, "
                  f"server logs in {report.get('log_dir', '-')}")
     return "\n".join(lines)

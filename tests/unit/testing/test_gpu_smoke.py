@@ -66,6 +66,13 @@ class FakeServer:
     def log_text(self):
         return self.log
 
+    def get(self, path):
+        assert path == "/server_info"
+        lookup = {"steps": {"plain": 5, "drafted": 3, "lookup": 2, "mixed": 1},
+                  "lookup": {"rows": 7, "accept_length": 3.25}} if self.log else None  # ours only
+        info = {"internal_states": [{"dspark_admission": {"lookup": lookup}}]}
+        return type("Response", (), {"json": lambda _self: info})()
+
     def stop(self):
         self.stopped = True
 
@@ -193,3 +200,14 @@ def test_main_prints_one_table(tmp_path, monkeypatch, capsys):
     assert out_json.is_file()
     with pytest.raises(SystemExit):
         gpu_smoke.main(["--target", "/t"])  # a target without its draft
+
+
+def test_the_table_says_whether_the_lookup_path_ran(tmp_path):
+    report, _ = run_smoke(tmp_path, {}, backends=("fa3",))
+    runs = report["backends"]["fa3"]["runs"]
+    assert runs["dspark-ours"]["lookup"] == {"rows": 7, "accept_length": 3.25, "chain_steps": 3, "steps": 11}
+    assert runs["dspark-upstream-static"]["lookup"] is None and "lookup" not in runs["no-spec"]
+    rows = {row[2]: row for row in gpu_smoke.table_rows(report)}
+    column = gpu_smoke.COLUMNS.index("lookup rows / τ")
+    assert rows["dspark-ours"][column] == "7 / 3.25" and rows["no-spec"][column] == "-"
+    assert gpu_smoke.lookup_activity({}) is None

@@ -9,7 +9,9 @@ one line to the file (every scheduler process appends to the same file; ``pid`` 
 on the CPU, where a step's record is read as it ends), ``seconds`` (measured),
 ``verify_tokens``, ``committed`` (tokens, anchors included), ``table_seconds`` (the profiled verify of the step), and,
 when the gate decided with a prediction: ``predicted_tokens`` and ``expected_tokens`` (per request, before and after the
-realized fit), ``capacity``, ``predicted_draft_seconds`` and ``predicted_plain_seconds``.
+realized fit), ``capacity``, ``predicted_draft_seconds`` and ``predicted_plain_seconds``; on a step with prompt-lookup
+rows: ``lookup_rows``, ``lookup_tokens`` (chain tokens verified), ``lookup_expected`` and ``lookup_accepted`` (chain
+tokens the choice expected and got) and, without the draft, ``lookup_predicted_seconds``.
 
 Lines are written unbuffered and only on the host (the step is over by then), so a trace costs a file append per
 step; off (the default) it costs nothing.

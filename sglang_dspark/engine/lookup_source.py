@@ -168,6 +168,21 @@ class LookupSource:
                 self.draft_verified += proposed
                 self.draft_accepted += accepted
 
+    def trace_fields(self, record, cost) -> dict:
+        """The gate trace's columns for a step with lookup rows (``SGLANG_DSPARK_GATE_TRACE``): rows, chain tokens
+        verified, the accepted chain tokens the choice expected (Σ of the planned survivals, the estimates it planned
+        with) and those it got, and, given ``cost`` (a step without the draft), the seconds that cost predicted."""
+        plan: LookupPlan = record.lookup
+        rows = plan.rows.tolist()
+        got = sum(max(0, min(c, v) - 1) for row, v, c in zip(rows, record.verify_lens, record.commit_lens) if row)
+        fields = {"lookup_rows": int(sum(rows)), "lookup_tokens": int(plan.lengths.sum()),
+                  "lookup_expected": round(float(torch.cumprod(plan.conditional, dim=-1).sum()), 4),
+                  "lookup_accepted": got}
+        if cost is not None:
+            rate = cost.steps_per_second(len(record.verify_lens), sum(record.verify_lens))
+            fields["lookup_predicted_seconds"] = round(1.0 / float(rate), 6)
+        return fields
+
     def summary(self) -> dict:
         """Per-source proposals, verified and accepted tokens, step kinds and the lookup's cost (/server_info)."""
         ece = self.calibration.ece()

@@ -531,6 +531,9 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             fields.update(gate.trace_fields(record.gate_choice, num_requests))
         if getattr(self, "sps_table", None) is not None and num_requests > 0:
             fields["table_seconds"] = self.sps_table.step_seconds(num_requests, sum(record.verify_lens))
+        if record.lookup is not None and self.lookup is not None:
+            cost = self.step_costs.undrafted if self.step_costs is not None and not record.drafted else None
+            fields.update(self.lookup.trace_fields(record, cost))
         self.gate_trace.write(fields)
 
     def schedule_layout(self, **kwargs):

@@ -184,3 +184,15 @@ def test_batches_keep_the_overlap_at_a_load_where_no_chain_was_verified_lately()
     assert asked.count(True) == 2 and source.summary()["overlap_kept_at"] == [2]
     assert _plan(source, batch, drafted=False, draft_survival=None, cost=FlatCost(1.0)) is not None
     assert all(source.needs_current_tokens(batch.reqs) for _ in range(4)) and source.summary()["overlap_kept_at"] == []
+
+
+def test_the_trace_compares_what_a_lookup_step_expected_with_what_it_got():
+    source = LookupSource(GAMMA)
+    plan = _plan(source, _batch([REPEATING, FRESH]), drafted=False, draft_survival=None, cost=FlatCost(1.0))
+    record = StepRecord(verify_lens=[5, 1], commit_lens=[3, 1], confidence=None, seconds=0.2, drafted=False,
+                        lookup=plan)
+    fields = source.trace_fields(record, FlatCost(0.25))
+    expected = float(torch.cumprod(plan.conditional[0], dim=0).sum())
+    assert fields == {"lookup_rows": 1, "lookup_tokens": 4, "lookup_expected": round(expected, 4),
+                      "lookup_accepted": 2, "lookup_predicted_seconds": 0.25}
+    assert "lookup_predicted_seconds" not in source.trace_fields(record, None)

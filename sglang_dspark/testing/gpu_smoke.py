@@ -164,12 +164,11 @@ def _score(server, prompt_ids: list[int], output_ids: list[int]) -> Optional[lis
     return scored_positions(meta, output_ids)
 
 
-def lookup_activity(server_info: dict) -> Optional[dict]:
-    """Our worker's prompt lookup as ``/server_info`` reports it (None: not our DSPARK worker, or the lookup off):
-    the request-steps that verified a chain, their accept length, and the decode steps that verified any."""
-    states = server_info.get("internal_states") or [{}]
-    state = states[0] if isinstance(states[0], dict) else {}
-    lookup = (state.get("dspark_admission") or {}).get("lookup")
+def lookup_activity(admission: Optional[dict]) -> Optional[dict]:
+    """Our worker's prompt lookup from its ``/server_info`` admission summary (``loadtest.engine.server_snapshot``;
+    None: not our DSPARK worker, or the lookup off): the request-steps that verified a chain, their accept length, and
+    the decode steps that verified any."""
+    lookup = (admission or {}).get("lookup")
     if not isinstance(lookup, dict):
         return None
     steps, chains = lookup.get("steps") or {}, lookup.get("lookup") or {}
@@ -178,10 +177,9 @@ def lookup_activity(server_info: dict) -> Optional[dict]:
 
 
 def _lookup_of(server) -> Optional[dict]:
-    try:
-        return lookup_activity(server.get("/server_info").json())
-    except Exception:  # noqa: BLE001 - information only: a server that does not say is reported as "-"
-        return None
+    from sglang_dspark.loadtest.engine import server_snapshot
+
+    return lookup_activity(server_snapshot(server.url).get("dspark_admission"))
 
 
 def smoke(target: str, draft: str, backends: Sequence[str], log_dir: Path, *, start_server: Optional[Callable] = None,

@@ -66,12 +66,10 @@ class FakeServer:
     def log_text(self):
         return self.log
 
-    def get(self, path):
-        assert path == "/server_info"
-        lookup = {"steps": {"plain": 5, "drafted": 3, "lookup": 2, "mixed": 1},
-                  "lookup": {"rows": 7, "accept_length": 3.25}} if self.log else None  # ours only
-        info = {"internal_states": [{"dspark_admission": {"lookup": lookup}}]}
-        return type("Response", (), {"json": lambda _self: info})()
+    @property
+    def url(self):
+        return "fake-ours" if self.log else "fake-other"  # only ours runs the lookup
+
 
     def stop(self):
         self.stopped = True
@@ -202,7 +200,15 @@ def test_main_prints_one_table(tmp_path, monkeypatch, capsys):
         gpu_smoke.main(["--target", "/t"])  # a target without its draft
 
 
-def test_the_table_says_whether_the_lookup_path_ran(tmp_path):
+def test_the_table_says_whether_the_lookup_path_ran(tmp_path, monkeypatch):
+    from sglang_dspark.loadtest import engine
+
+    def snapshot(url):  # /server_info as our worker reports it (the lookup's summary), none for the others
+        lookup = {"steps": {"plain": 5, "drafted": 3, "lookup": 2, "mixed": 1},
+                  "lookup": {"rows": 7, "accept_length": 3.25}} if url == "fake-ours" else None
+        return {"dspark_admission": {"lookup": lookup}}
+
+    monkeypatch.setattr(engine, "server_snapshot", snapshot)
     report, _ = run_smoke(tmp_path, {}, backends=("fa3",))
     runs = report["backends"]["fa3"]["runs"]
     assert runs["dspark-ours"]["lookup"] == {"rows": 7, "accept_length": 3.25, "chain_steps": 3, "steps": 11}

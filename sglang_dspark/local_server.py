@@ -100,6 +100,17 @@ class ServerStartError(RuntimeError):
     pass
 
 
+# uvicorn's bind error. The port we picked was free when we picked it, but another server starting beside this one
+# (pytest-xdist, the load test's pool) can take it before SGLang binds: SGLang then logs this and hangs in shutdown
+# instead of exiting, so the launcher reads the log and retries on a fresh port rather than waiting out the timeout.
+PORT_TAKEN_MARK = "address already in use"
+START_ATTEMPTS = 3
+
+
+class _PortTaken(Exception):
+    pass
+
+
 def start_server(
     model_path: str | Path,
     extra_args: list[str] | tuple[str, ...] = (),
@@ -113,30 +124,45 @@ def start_server(
 ) -> SGLangServer:
     """Launch ``python -m sglang.launch_server`` (the stock launcher) and wait for ``/health``.
 
-    Runs from a temporary working directory, so a repository checkout never shadows installed packages.
+    Runs from a temporary working directory, so a repository checkout never shadows installed packages. A port
+    taken between picking it and SGLang binding it is retried on a fresh port, up to ``START_ATTEMPTS`` launches.
     """
-    port = free_port()
-    args = [
-        "--model-path", str(model_path),
-        "--host", HOST,
-        "--port", str(port),
-        "--max-total-tokens", str(max_total_tokens),
-        *(CPU_BASE_ARGS if cpu else ()),
-        *extra_args,
-    ]
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="sglang-dspark-server-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"server-{port}.log"
     process_env = dict(os.environ)
     process_env.update(env or {})
     process_env.setdefault("PYTHONUNBUFFERED", "1")
+    taken: list[int] = []
+    for _ in range(START_ATTEMPTS):
+        port = free_port()
+        args = [
+            "--model-path", str(model_path),
+            "--host", HOST,
+            "--port", str(port),
+            "--max-total-tokens", str(max_total_tokens),
+            *(CPU_BASE_ARGS if cpu else ()),
+            *extra_args,
+        ]
+        try:
+            return _launch(args, port, log_dir, process_env, timeout, python)
+        except _PortTaken:
+            taken.append(port)
+    raise ServerStartError(
+        f"SGLang could not bind its HTTP port: ports {taken} were each taken before it started (another process on "
+        f"this machine is claiming ports quickly). Stop it or run fewer servers at once, then retry."
+    )
+
+
+def _launch(args: list[str], port: int, log_dir: Path, env: dict[str, str], timeout: float,
+            python: str) -> SGLangServer:
+    log_path = log_dir / f"server-{port}.log"
     started = time.monotonic()
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
             [python, "-m", "sglang.launch_server", *args],
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            env=process_env,
+            env=env,
             cwd=str(log_dir),
             start_new_session=True,
         )
@@ -145,6 +171,8 @@ def start_server(
     try:
         while time.monotonic() < deadline:
             if process.poll() is not None:
+                if PORT_TAKEN_MARK in server.log_text():
+                    raise _PortTaken()
                 raise ServerStartError(
                     f"SGLang server exited with code {process.returncode} during start-up "
                     f"(args: {' '.join(args)}).\n--- log tail ---\n{server.log_tail()}"
@@ -155,6 +183,9 @@ def start_server(
                     return server
             except requests.RequestException:
                 pass
+            if PORT_TAKEN_MARK in server.log_text():
+                server.stop()
+                raise _PortTaken()
             time.sleep(0.5)
     except BaseException:  # Ctrl-C / SIGTERM during start-up: the half-started server goes too
         server.stop()

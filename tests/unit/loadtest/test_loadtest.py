@@ -524,33 +524,6 @@ def test_a_server_that_dies_keeps_its_levels_and_the_others_go_on(monkeypatch):
     assert ("http://dead", "c") not in calls
 
 
-def test_interrupt_during_server_start_stops_the_half_started_server(monkeypatch, tmp_path):
-    """Ctrl-C / SIGTERM while a launched server starts (the load test's longest wait) leaves no server behind."""
-    import subprocess
-
-    from sglang_dspark import local_server as server_module
-
-    fake_python = tmp_path / "python"
-    fake_python.write_text("#!/bin/sh\nexec sleep 120\n")
-    fake_python.chmod(0o755)
-    started = []
-
-    class RecordingPopen(subprocess.Popen):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            started.append(self)
-
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(server_module.subprocess, "Popen", RecordingPopen)
-    monkeypatch.setattr(server_module.requests, "get", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        server_module.start_server("model", python=str(fake_python), log_dir=tmp_path, timeout=30)
-    (process,) = started
-    assert process.poll() is not None  # stopped by PID, not left running
-
-
 def test_round_ratios_pair_each_round_with_the_baselines_and_the_table_shows_their_range():
     """Round i of a configuration is compared with round i of the baseline (they ran back to back); the table
     prints the pooled ratio and the range of the round ratios, so a level's noise is visible beside its ratio."""

@@ -15,6 +15,7 @@ reads a device tensor.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -36,10 +37,12 @@ STEP_KINDS = ("plain", "drafted", "lookup", "mixed")
 
 
 class Proposed(NamedTuple):
-    """One step's proposals (``lookup/book.BatchProposals``) and their [R, γ] acceptance estimates."""
+    """One step's proposals (``lookup/book.BatchProposals``) and their [R, γ] acceptance estimates (``explored``:
+    the optimistic estimates of an exploring step, ``lookup/calibration.py``)."""
 
     proposals: BatchProposals
     conditional: torch.Tensor
+    explored: bool = False
 
     @property
     def rows(self) -> torch.Tensor:
@@ -68,6 +71,7 @@ class LookupSource:
         self.draft_rows = self.draft_verified = self.draft_accepted = 0
         self.proposals = 0  # rows with a proposal, over all planned steps
         self.planned_steps = 0
+        self.proposal_steps = 0  # planned steps with a proposal: every ``explore_every``-th explores
         self.plan_seconds = 0.0  # host time of propose() over all steps (the lookup's cost per step)
 
     @classmethod
@@ -117,9 +121,11 @@ class LookupSource:
         if not proposals.any:
             return None
         self.proposals += int((proposals.lengths > 0).sum())
+        explore = self.calibration.explores(self.proposal_steps)
+        self.proposal_steps += 1
         conditional = lookup_conditionals(proposals.lengths, proposals.match_lens, self.gamma,
-                                          self.calibration.planning)
-        return Proposed(proposals, conditional)
+                                          functools.partial(self.calibration.planning, explore=explore))
+        return Proposed(proposals, conditional, explore)
 
     def rows_for(self, proposed: Optional[Proposed], *, drafted: bool, draft_survival: Optional[torch.Tensor],
                  cost) -> Optional[LookupPlan]:
@@ -144,7 +150,7 @@ class LookupSource:
         conditional = torch.where(torch.arange(self.gamma) < lengths[:, None], conditional,
                                   torch.zeros_like(conditional))
         return LookupPlan(tokens=proposals.tokens, lengths=lengths, match_lens=proposals.match_lens,
-                          conditional=conditional)
+                          conditional=conditional, explored=proposed.explored)
 
     # ------------------------------------------------------------------ after a step
 
@@ -171,13 +177,14 @@ class LookupSource:
     def trace_fields(self, record, cost) -> dict:
         """The gate trace's columns for a step with lookup rows (``SGLANG_DSPARK_GATE_TRACE``): rows, chain tokens
         verified, the accepted chain tokens the choice expected (Σ of the planned survivals, the estimates it planned
-        with) and those it got, and, given ``cost`` (a step without the draft), the seconds that cost predicted."""
+        with) and those it got, whether it was an exploring step, and, given ``cost`` (a step without the draft), the
+        seconds that cost predicted."""
         plan: LookupPlan = record.lookup
         rows = plan.rows.tolist()
         got = sum(max(0, min(c, v) - 1) for row, v, c in zip(rows, record.verify_lens, record.commit_lens) if row)
         fields = {"lookup_rows": int(sum(rows)), "lookup_tokens": int(plan.lengths.sum()),
                   "lookup_expected": round(float(torch.cumprod(plan.conditional, dim=-1).sum()), 4),
-                  "lookup_accepted": got}
+                  "lookup_accepted": got, "lookup_explored": plan.explored}
         if cost is not None:
             rate = cost.steps_per_second(len(record.verify_lens), sum(record.verify_lens))
             fields["lookup_predicted_seconds"] = round(1.0 / float(rate), 6)

@@ -29,12 +29,14 @@ class LookupPlan:
     ``tokens [R, γ]``: the chains (fill past a row's ``lengths``, never verified); ``lengths [R]``: lookup tokens the
     row may verify (0: not a lookup row; on a step without the draft, exactly what it verifies); ``match_lens [R]``:
     tail tokens the lookup matched; ``conditional [R, γ]``: the acceptance estimates the choice read (a drafted step
-    ranks them with the draft's confidences)."""
+    ranks them with the draft's confidences); ``explored``: they were the optimistic ones of an exploring step
+    (``lookup/calibration.py``), not the mean."""
 
     tokens: torch.Tensor
     lengths: torch.Tensor
     match_lens: torch.Tensor
     conditional: torch.Tensor
+    explored: bool = False
 
     @property
     def rows(self) -> torch.Tensor:

@@ -85,7 +85,7 @@ async def run_requests(
     model: str,
     prompts: Sequence[str],
     *,
-    max_tokens: int,
+    max_tokens: int | Sequence[int],
     concurrency: int | None = None,
     request_rate: float = math.inf,
     temperature: float = 0.0,
@@ -99,6 +99,7 @@ async def run_requests(
     """Send ``prompts`` (one chat message each) with at most ``concurrency`` in flight and arrivals at
     ``request_rate`` (Poisson; ``inf``: all at once, the concurrency cap then sets the load). Returns the outputs
     (bench_serving's ``RequestFuncOutput``, in prompt order) and the wall time from the first send to the last answer.
+    ``max_tokens``: one length for every request, or one per prompt.
 
     Bounded: a request is cut after ``request_timeout`` s, and nothing runs past ``level_timeout`` s after the first
     send (requests cut there count as timeouts; requests not sent by then as ``not_sent``).
@@ -106,7 +107,10 @@ async def run_requests(
     module = serving()
     request_func = request_func or module.async_request_openai_chat_completions
     body = {**STREAM_EXTRAS, "temperature": temperature, "ignore_eos": ignore_eos, **(extra_body or {})}
-    rows = [module.DatasetRow(prompt=p, prompt_len=0, output_len=max_tokens) for p in prompts]
+    lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+    if len(lengths) != len(prompts):
+        raise ValueError(f"{len(lengths)} output lengths for {len(prompts)} prompts")
+    rows = [module.DatasetRow(prompt=p, prompt_len=0, output_len=n) for p, n in zip(prompts, lengths)]
     semaphore = asyncio.Semaphore(concurrency) if concurrency else None
     start = time.perf_counter()
     deadline = start + level_timeout
@@ -123,7 +127,7 @@ async def run_requests(
             else:
                 limit = min(request_timeout, remaining)
                 request = module.RequestFuncInput(
-                    prompt=row.prompt, api_url=api_url, prompt_len=0, output_len=max_tokens, model=model,
+                    prompt=row.prompt, api_url=api_url, prompt_len=0, output_len=row.output_len, model=model,
                     lora_name="", image_data=None, extra_request_body=dict(body),
                 )
                 try:
@@ -403,7 +407,7 @@ class LevelRun:
         # their round-by-round ratios show how much of a level's ratio the machine's drift could move.
         self.round_tok_s: list[float] = []
 
-    def run_round(self, prompts: Sequence[str], *, concurrency: int | None, max_tokens: int,
+    def run_round(self, prompts: Sequence[str], *, concurrency: int | None, max_tokens: int | Sequence[int],
                   request_rate: float = math.inf, temperature: float = 0.0, model: str = "default",
                   request_timeout: float = 300.0, level_timeout: float = 600.0,
                   request_func: RequestFunc | None = None, pbar=None) -> int:

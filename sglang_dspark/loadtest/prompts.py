@@ -8,6 +8,7 @@ a later level. Each configuration (server) of a run gets the same slices, so lev
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -144,3 +145,18 @@ def split_for_levels(pool: list[str], counts: list[int]) -> list[list[str]]:
         slices.append(pool[start : start + count])
         start += count
     return slices
+
+
+def output_lengths(prompts: list[str], max_tokens: int, range_ratio: float = 1.0, seed: int = 0) -> list[int]:
+    """Tokens each prompt's request generates (EOS ignored): ``max_tokens`` for all at ``range_ratio`` 1, else a
+    length uniform in ``[max(1, ⌊range_ratio · max_tokens⌋), max_tokens]`` (``sglang.bench_serving``'s
+    ``--random-range-ratio``). A prompt's length is a function of its text and ``seed`` only, so every configuration
+    of a run generates the same lengths for the same prompts."""
+    if not 0.0 < range_ratio <= 1.0 or max_tokens < 1:
+        raise ValueError(f"need 0 < range_ratio <= 1 and max_tokens >= 1, got {range_ratio}, {max_tokens}")
+    low = max(1, int(range_ratio * max_tokens))
+    lengths = []
+    for prompt in prompts:
+        digest = hashlib.sha256(f"{seed}\0{prompt}".encode()).digest()
+        lengths.append(low + int.from_bytes(digest[:8], "big") % (max_tokens - low + 1))
+    return lengths

@@ -41,7 +41,7 @@ def _clean(value: Any) -> Any:
 
 
 def add_ratios(result: dict) -> dict:
-    """Per level, each configuration's output tok/s and per-user tok/s divided by the first configuration's
+    """Per level, each configuration's output tok/s, per-user tok/s and per-user end-to-end tok/s divided by the first configuration's
     (measured in the same run: the only comparison these noisy machines support), and at temperature 0 how many of
     its answers are the same text as the first configuration's (``same_output``: every lossless configuration must
     answer exactly as the target alone)."""
@@ -53,7 +53,7 @@ def add_ratios(result: dict) -> dict:
     for config in configs:
         for level in config.get("levels", []):
             ref = base.get(level_key(level)) or {}
-            for name in ("output_tok_s", "per_user_tok_s"):
+            for name in ("output_tok_s", "per_user_tok_s", "per_user_e2e_tok_s"):
                 mine, theirs = level.get(name), ref.get(name)
                 level[f"{name}_ratio"] = mine / theirs if mine is not None and theirs else None
             level["round_ratios"] = round_ratios(level.get("round_output_tok_s"), ref.get("round_output_tok_s"))
@@ -107,25 +107,34 @@ def plain_step_ms(level: dict) -> float | None:
 
 def markdown_table(result: dict) -> str:
     """One row per configuration and level; ratios against the first configuration of the run (output tok/s:
-    with the range of the round-by-round ratios in brackets)."""
+    with the range of the round-by-round ratios in brackets).
+
+    Two columns say why output tok/s moved when the per-request speed did not: "in flight" (the requests in flight on
+    average over the level, as a share of its concurrency) and "e2e per-user ×" (a request's tokens over its whole
+    latency, queueing and prefill included). Requests that finish out of step leave clients idle at the end of each
+    round (fewer in flight) where requests that all take the same steps finish together; per-user tok/s counts decode
+    time only, so it moves with where the prefills land (all before the decode when requests arrive together)."""
     baseline = result.get("baseline") or "first row"
     lines = [
-        f"| configuration | load | output tok/s | × {baseline} | per-user tok/s | × {baseline} | TTFT p50 ms | "
+        f"| configuration | load | output tok/s | × {baseline} | in flight | per-user tok/s | × {baseline} | "
+        f"e2e per-user × {baseline} | TTFT p50 ms | "
         "TPOT p50 ms | ITL p99 ms | accept length | drafted steps | drafted step ms | plain step ms | "
         f"same text as {baseline} | errors / timeouts |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for config in result.get("configs", []):
         if config.get("error") and not config.get("levels"):
-            lines.append(f"| {config['label']} | – | failed: {config['error'].splitlines()[0][:80]} |" + " |" * 12)
+            lines.append(f"| {config['label']} | – | failed: {config['error'].splitlines()[0][:80]} |" + " |" * 14)
             continue
         for level in config.get("levels", []):
             lines.append(
-                "| {label} | {load} | {tps} | {tpsr} | {pu} | {pur} | {ttft} | {tpot} | {itl} | {acc} | {drafted} | "
+                "| {label} | {load} | {tps} | {tpsr} | {busy} | {pu} | {pur} | {e2er} | {ttft} | {tpot} | {itl} | {acc} | "
+                "{drafted} | "
                 "{dstep} | {pstep} | {same} | {err} / {to} |".format(
                     label=config["label"], load=level_key(level), tps=_fmt(level.get("output_tok_s")),
                     tpsr=ratio_cell(level), pu=_fmt(level.get("per_user_tok_s")),
-                    pur=_fmt(level.get("per_user_tok_s_ratio"), 2),
+                    pur=_fmt(level.get("per_user_tok_s_ratio"), 2), busy=in_flight_cell(level),
+                    e2er=_fmt(level.get("per_user_e2e_tok_s_ratio"), 2),
                     ttft=_fmt((level.get("ttft_ms") or {}).get("p50"), 0),
                     tpot=_fmt((level.get("tpot_ms") or {}).get("p50"), 0),
                     itl=_fmt((level.get("itl_ms") or {}).get("p99"), 0), acc=_fmt(level.get("accept_length"), 2),
@@ -137,6 +146,15 @@ def markdown_table(result: dict) -> str:
                 )
             )
     return "\n".join(lines)
+
+
+def in_flight_cell(level: dict) -> str:
+    """The level's requests in flight on average as a share of its concurrency ("–" for a request-rate level or
+    when unknown)."""
+    achieved, concurrency = level.get("achieved_concurrency"), level.get("concurrency")
+    if achieved is None or not concurrency:
+        return "–"
+    return f"{100.0 * achieved / concurrency:.0f} %"
 
 
 SOURCE_STEP_KINDS = ("plain", "drafted", "lookup", "mixed")

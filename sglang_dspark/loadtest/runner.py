@@ -255,7 +255,8 @@ def _run_round(target: SweepTarget, run: "engine.LevelRun", level: dict, prompts
     with tqdm(total=len(prompts), desc=desc, unit="req", leave=False, disable=args.quiet, file=sys.stderr) as pbar:
         completed = run.run_round(
             prompts, concurrency=level.get("concurrency"), request_rate=level.get("request_rate") or math.inf,
-            max_tokens=args.max_tokens, temperature=level.get("temperature", args.temperature[0]),
+            max_tokens=prompt_sets.output_lengths(prompts, args.max_tokens, args.random_range_ratio, args.seed),
+            temperature=level.get("temperature", args.temperature[0]),
             model=target.info.model, request_timeout=args.request_timeout, level_timeout=args.level_timeout,
             request_func=request_func, pbar=pbar,
         )
@@ -415,6 +416,7 @@ def run(args, argv: list[str]) -> dict:
             "prompts_per_level": counts[0] if len(set(counts)) == 1 else counts,
             "rounds_per_level": [level_rounds(args, level, count) for level, count in zip(levels, counts)],
             "max_tokens": args.max_tokens,
+            "random_range_ratio": args.random_range_ratio,
             "temperature": args.temperature,
             "ignore_eos": True,
             "dataset": args.dataset or "builtin",
@@ -665,6 +667,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--rounds", type=int, help="split each level into this many rounds that take turns across "
                       "the servers (default: rounds of at least two waves of the level's concurrency, at most 4)")
     load.add_argument("--max-tokens", type=int, default=128, help="tokens generated per request (EOS ignored)")
+    load.add_argument("--random-range-ratio", type=float, default=1.0,
+                      help="each request generates a length uniform in [ratio x --max-tokens, --max-tokens], fixed "
+                      "per prompt (as sglang.bench_serving's option; default 1: every request the same length)")
     load.add_argument("--temperature", type=float, nargs="+", default=[0.0],
                       help="sampling temperature(s); several: every level runs at each, with fresh prompts")
     load.add_argument("--dataset", default="builtin", help="builtin (the chat set, default; alias chat), grounded "
@@ -717,6 +722,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             args.configs = [*args.configs, "dspark-baseline-draft"]
     elif "dspark-baseline-draft" in args.configs and not args.url:
         parser.error("configuration dspark-baseline-draft needs --baseline-draft-model-path DRAFT_DIR")
+    if not 0.0 < args.random_range_ratio <= 1.0:
+        parser.error("--random-range-ratio must be in (0, 1]")
     if args.max_tokens < 1 or args.request_timeout <= 0 or args.level_timeout <= 0:
         parser.error("--max-tokens, --request-timeout and --level-timeout must be positive")
     return args

@@ -144,23 +144,34 @@ class CpuLikeCost:
         return 1.0 / seconds if isinstance(verify_tokens, torch.Tensor) else float(1.0 / seconds)
 
 
-def test_a_fresh_server_tries_chains_the_prior_mean_would_never_pay_for_and_stops_when_they_fail():
+def _verify(source, plan, accepted_per_row: int):
+    """A step that verified ``plan`` and accepted ``accepted_per_row`` chain tokens of every row (at most its length)."""
+    commits = (1 + torch.clamp(plan.lengths, max=accepted_per_row)).tolist()
+    source.observe(StepRecord(verify_lens=(1 + plan.lengths).tolist(), commit_lens=commits, confidence=None,
+                              seconds=0.2, drafted=False, lookup=plan))
+
+
+def test_a_fresh_server_explores_chains_the_prior_mean_would_never_pay_for_and_keeps_those_that_pay():
     """16 requests, each with a 4-token chain, on a CPU-like cost: at the prior's mean (0.5 a position) no chain
-    pays, so a planner reading the mean would never verify one and never learn; the planning estimate (mean + one
-    deviation) tries them. After 12 steps whose chains were all rejected it stops."""
+    pays, so a planner reading only the mean would never verify one and never learn. The first step with proposals
+    explores (the optimistic estimate) and verifies them; the next 15 plan with the mean. Chains that were all
+    rejected are not tried again, even by the next exploring step; chains that were all accepted lift the mean
+    above the pay line, and the steps after verify them on the mean alone."""
     rows = [_req(f"r{i}", REPEATING.origin_input_ids, REPEATING.output_ids) for i in range(16)]
     choice = dict(drafted=False, draft_survival=None, cost=CpuLikeCost())
-    mean_only = LookupSource(GAMMA)
-    mean_only.calibration.optimism = 0.0
-    assert _plan(mean_only, _batch(rows), **choice) is None
-    source = LookupSource(GAMMA)
-    plan = _plan(source, _batch(rows), **choice)
-    assert plan is not None and int(plan.lengths.sum()) >= 16
-    for _ in range(12):
-        source.observe(StepRecord(verify_lens=(1 + plan.lengths).tolist(), commit_lens=[1] * 16, confidence=None,
-                                  seconds=0.2, drafted=False, lookup=plan))
-        plan = _plan(source, _batch(rows), **choice) or plan
-    assert _plan(source, _batch(rows), **choice) is None
+    failing = LookupSource(GAMMA)
+    plan = _plan(failing, _batch(rows), **choice)
+    assert plan is not None and plan.explored and int(plan.lengths.sum()) >= 16
+    _verify(failing, plan, accepted_per_row=0)
+    assert all(_plan(failing, _batch(rows), **choice) is None for _ in range(15 + 16))  # 15 on the mean, a 2nd explore
+    paying = LookupSource(GAMMA)
+    plan = _plan(paying, _batch(rows), **choice)
+    _verify(paying, plan, accepted_per_row=GAMMA)
+    later = _plan(paying, _batch(rows), **choice)
+    assert later is not None and not later.explored and int(later.lengths.sum()) >= 16
+    expected = torch.cumprod(later.conditional, dim=-1).sum(dim=-1)
+    assert torch.equal(later.conditional[0, :2], paying.calibration.conditional(int(later.match_lens[0]), 2))
+    assert bool((expected > 1.5).all())
 
 
 class StepPerToken:
@@ -194,5 +205,5 @@ def test_the_trace_compares_what_a_lookup_step_expected_with_what_it_got():
     fields = source.trace_fields(record, FlatCost(0.25))
     expected = float(torch.cumprod(plan.conditional[0], dim=0).sum())
     assert fields == {"lookup_rows": 1, "lookup_tokens": 4, "lookup_expected": round(expected, 4),
-                      "lookup_accepted": 2, "lookup_predicted_seconds": 0.25}
+                      "lookup_accepted": 2, "lookup_explored": True, "lookup_predicted_seconds": 0.25}
     assert "lookup_predicted_seconds" not in source.trace_fields(record, None)

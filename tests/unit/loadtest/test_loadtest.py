@@ -189,6 +189,32 @@ def fake_request_func(log, *, delay=0.02, tokens_per_chunk=2, verify=True):
     return request
 
 
+def test_output_lengths_vary_per_prompt_and_match_across_configurations():
+    """``--random-range-ratio``: lengths in [ratio x max, max], a function of the prompt (so every server of a run
+    generates the same lengths); ratio 1 is the fixed length; nonsense ratios are refused."""
+    pool = [f"prompt {i}" for i in range(400)]
+    lengths = prompts.output_lengths(pool, 64, 0.5, seed=3)
+    assert min(lengths) >= 32 and max(lengths) <= 64 and len(set(lengths)) > 20
+    assert prompts.output_lengths(list(reversed(pool)), 64, 0.5, seed=3) == list(reversed(lengths))
+    assert prompts.output_lengths(pool, 64, 0.5, seed=4) != lengths
+    assert prompts.output_lengths(pool, 64) == [64] * 400
+    assert prompts.output_lengths(["a"], 1, 0.01) == [1]
+    for bad in (0.0, 1.5, -1.0):
+        with pytest.raises(ValueError):
+            prompts.output_lengths(pool, 64, bad)
+
+
+def test_run_requests_sends_each_prompt_its_own_length(serving):
+    outputs, _ = asyncio.run(engine.run_requests(
+        "http://127.0.0.1:1/v1/chat/completions", "m", ["a", "b", "c"], max_tokens=[4, 9, 6], concurrency=2,
+        request_func=fake_request_func([]),
+    ))
+    assert [o.output_len for o in outputs] == [4, 9, 6]
+    with pytest.raises(ValueError, match="2 output lengths for 3 prompts"):
+        asyncio.run(engine.run_requests("http://127.0.0.1:1/v1/chat/completions", "m", ["a", "b", "c"],
+                                        max_tokens=[4, 9], request_func=fake_request_func([])))
+
+
 def test_run_requests_caps_concurrency_and_sends_stream_extras(serving):
     log = []
     func = fake_request_func(log)
@@ -541,6 +567,29 @@ def test_round_ratios_pair_each_round_with_the_baselines_and_the_table_shows_the
     assert "| 0.95 (0.88–1.02) |" in row
     base_row = [line for line in report.markdown_table(result).splitlines() if line.startswith("| base")][0]
     assert "| 1.00 (1.00–1.00) |" in base_row
+
+
+def test_the_table_shows_requests_in_flight_and_end_to_end_speed_beside_throughput():
+    """A configuration whose requests finish out of step keeps fewer in flight (clients idle at a round's end): the
+    table shows that share and each request's end-to-end speed, so a lower output tok/s with an unchanged per-request
+    speed reads as such."""
+    result = {"settings": {}, "configs": [
+        {"label": "base", "levels": [{"concurrency": 16, "output_tok_s": 80.0, "achieved_concurrency": 16.0,
+                                      "per_user_tok_s": 7.0, "per_user_e2e_tok_s": 5.0}]},
+        {"label": "spec", "levels": [{"concurrency": 16, "output_tok_s": 72.0, "achieved_concurrency": 14.4,
+                                      "per_user_tok_s": 5.6, "per_user_e2e_tok_s": 5.0}]},
+        {"label": "rate", "levels": [{"request_rate": 2.0, "concurrency": None, "output_tok_s": 10.0}]},
+    ]}
+    report.add_ratios(result)
+    header, _, base, spec, rate = report.markdown_table(result).splitlines()
+    columns = [cell.strip() for cell in header.strip("|").split("|")]
+    cells = [cell.strip() for cell in spec.strip("|").split("|")]
+    assert len(cells) == len(columns)
+    assert cells[columns.index("in flight")] == "90 %"
+    assert cells[columns.index("e2e per-user × base")] == "1.00"
+    assert cells[columns.index("× base")] == "0.90"
+    assert [c.strip() for c in rate.strip("|").split("|")][columns.index("in flight")] == "–"
+    assert [c.strip() for c in base.strip("|").split("|")][columns.index("in flight")] == "100 %"
 
 
 # ------------------------------------------------------------------------------------------------ per proposal source

@@ -67,20 +67,31 @@ def test_a_verify_says_accepted_then_one_rejected_then_nothing():
         calibration.observe(3, proposed=2, accepted=3)
 
 
-def test_plans_optimistically_while_unsure_and_converges_to_the_mean():
-    """The planning estimate is the mean plus one posterior deviation: ~0.79 before any verify (Beta(1, 1)), never
+def test_the_optimistic_estimate_is_high_while_unsure_and_converges_to_the_mean():
+    """The optimistic estimate is the mean plus one posterior deviation: ~0.79 before any verify (Beta(1, 1)), never
     below the mean, and close to it after the 4 000 verifies above: within 0.015 at the first position (≈ 2 000 tries
     per bucket: a deviation ≤ 0.011), within 0.06 at the deepest (short matches: ≈ 2 000 × 0.4 × 0.3 × 0.3 ≈ 70
     tries, a deviation ≈ 0.05); with ``optimism=0`` it is the mean."""
     calibration = LookupCalibration()
-    fresh = calibration.planning(3, 4)
+    fresh = calibration.optimistic(3, 4)
     assert torch.allclose(fresh, torch.full((4,), 0.5 + (0.25 / 3) ** 0.5, dtype=torch.float64))
     _serve(calibration)
     for match_len in TRUE:
-        mean, planned = calibration.conditional(match_len, 4), calibration.planning(match_len, 4)
-        assert bool((planned >= mean).all()) and float(planned[0] - mean[0]) < 0.015
-        assert bool((planned - mean < 0.06).all())
-    assert torch.equal(LookupCalibration(optimism=0.0).planning(6, 5), LookupCalibration().conditional(6, 5))
-    assert LookupCalibration(prior=(1e6, 1.0)).planning(2, 2).max() <= 1.0
+        mean, optimistic = calibration.conditional(match_len, 4), calibration.optimistic(match_len, 4)
+        assert bool((optimistic >= mean).all()) and float(optimistic[0] - mean[0]) < 0.015
+        assert bool((optimistic - mean < 0.06).all())
+    assert torch.equal(LookupCalibration(optimism=0.0).optimistic(6, 5), LookupCalibration().conditional(6, 5))
+    assert LookupCalibration(prior=(1e6, 1.0)).optimistic(2, 2).max() <= 1.0
     with pytest.raises(ValueError, match="optimism"):
         LookupCalibration(optimism=-1.0)
+
+
+def test_steps_plan_with_the_mean_and_one_in_explore_every_with_the_optimistic_estimate():
+    calibration = LookupCalibration(explore_every=4)
+    calibration.observe(6, proposed=3, accepted=1)
+    assert [calibration.explores(step) for step in range(9)] == [True, False, False, False] * 2 + [True]
+    assert torch.equal(calibration.planning(6, 3, explore=True), calibration.optimistic(6, 3))
+    assert torch.equal(calibration.planning(6, 3, explore=False), calibration.conditional(6, 3))
+    assert bool((calibration.optimistic(6, 3) > calibration.conditional(6, 3)).all())
+    with pytest.raises(ValueError, match="explore_every"):
+        LookupCalibration(explore_every=0)

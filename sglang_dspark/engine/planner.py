@@ -440,7 +440,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
                     lookup_conditional, survival, self.step_costs.drafted, self.step_costs.undrafted):
                 # The gate weighed the draft against a plain step; beside lookup chains the alternative verifies
                 # them too (scheduling/lookup_choice.py).
-                decision = GateDecision(False, "lookup", decision.choice)
+                counted, decision = decision, GateDecision(False, "lookup", decision.choice)
+                gate.recount(counted, decision)
         except Exception:  # the gate must never take a decode step down: draft, as without it
             logger.exception("sglang-dspark: draft gate failed; drafting every step from now on")
             self.draft_gate = None

@@ -182,6 +182,20 @@ class _Counts:
             self.skipped += 1
         self.last = decision
 
+    def recount(self, counted: GateDecision, final: GateDecision) -> None:
+        """The caller replaced ``counted``, the decision this gate returned last, by ``final`` (the planner does when
+        a drafted step would not beat the lookup chains without the draft): the counts tell what the step did. Only
+        the counts: the policy's own state keeps what it decided."""
+        if self.last is not counted:
+            raise ValueError("recount: only the gate's last decision can be replaced")
+        self.reasons[counted.reason] -= 1
+        if not self.reasons[counted.reason]:
+            del self.reasons[counted.reason]
+        self.reasons[final.reason] = self.reasons.get(final.reason, 0) + 1
+        self.drafted += int(final.draft) - int(counted.draft)
+        self.skipped += int(counted.draft) - int(final.draft)
+        self.last = final
+
     def summary(self) -> dict:
         return {"mode": self.mode, "decisions": self.decisions, "drafted": self.drafted, "skipped": self.skipped,
                 "reasons": dict(self.reasons)}

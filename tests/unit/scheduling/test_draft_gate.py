@@ -908,3 +908,21 @@ def test_the_gate_trace_writes_what_the_gate_predicted_and_what_the_step_did(tmp
         unwritable.write({"R": 1})
         unwritable.write({"R": 2})
     assert sum("gate trace" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_decision_the_planner_replaced_is_counted_as_what_the_step_did():
+    """The planner turns a "draft" into a step with lookup chains and no draft when the chains alone pay more: the
+    gate's counts then say "skipped" with the planner's reason, not "drafted"; only the last decision can be
+    replaced."""
+    from sglang_dspark.scheduling.draft_gate import GateDecision
+
+    gate = make_draft_gate("off")
+    first = gate.decide()
+    second = gate.decide()
+    assert (gate.drafted, gate.skipped, gate.reasons) == (2, 0, {"off": 2})
+    replaced = GateDecision(False, "lookup", second.choice)
+    gate.recount(second, replaced)
+    assert (gate.decisions, gate.drafted, gate.skipped) == (2, 1, 1)
+    assert gate.reasons == {"off": 1, "lookup": 1} and gate.last is replaced
+    with pytest.raises(ValueError, match="last decision"):
+        gate.recount(first, replaced)

@@ -13,9 +13,9 @@ proposals in ``explore_every`` plans with :meth:`optimistic`, the mean plus ``op
 (:meth:`planning` picks). A bucket is learned only from chains that were verified, and a chain is verified only
 where its estimate pays, so a mean that starts below the pay line (the Beta(1, 1) prior's 0.5 does at 16 requests on
 a CPU, where a verify of 2R tokens costs +50 % over R) would never be tried and never learned; the exploring steps
-try it, and where it pays the mean rises above the line. Planning every step optimistically instead over-predicted
-what chains got by 14 % (a bonus on each position compounds along a chain) and verified chains that did not pay.
-The bonus shrinks as 1/√(tries). The calibration error is scored on the mean.
+try it, and where it pays the mean rises above the line. Not every step optimistically: a bonus on each position
+compounds along a chain, so such plans expect more than chains get and verify chains that do not pay
+(docs/lookup.md). The bonus shrinks as 1/√(tries). The calibration error is scored on the mean.
 """
 
 from __future__ import annotations

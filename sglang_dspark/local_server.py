@@ -170,9 +170,10 @@ def _launch(args: list[str], port: int, log_dir: Path, env: dict[str, str], time
     deadline = started + timeout
     try:
         while time.monotonic() < deadline:
+            if PORT_TAKEN_MARK in server.log_text():  # exited or hung: either way another port is the cure
+                server.stop()
+                raise _PortTaken()
             if process.poll() is not None:
-                if PORT_TAKEN_MARK in server.log_text():
-                    raise _PortTaken()
                 raise ServerStartError(
                     f"SGLang server exited with code {process.returncode} during start-up "
                     f"(args: {' '.join(args)}).\n--- log tail ---\n{server.log_tail()}"
@@ -183,9 +184,6 @@ def _launch(args: list[str], port: int, log_dir: Path, env: dict[str, str], time
                     return server
             except requests.RequestException:
                 pass
-            if PORT_TAKEN_MARK in server.log_text():
-                server.stop()
-                raise _PortTaken()
             time.sleep(0.5)
     except BaseException:  # Ctrl-C / SIGTERM during start-up: the half-started server goes too
         server.stop()

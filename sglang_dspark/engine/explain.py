@@ -453,6 +453,7 @@ def lookup_note(raw: Any, facts: EngineFacts, decision: VerifyModeDecision, gamm
     """Whether prompt lookup runs beside the draft (engine/lookup_source.py) and what it does on this engine: it rides
     on the draft gate, which needs compact verify, the async or exact policy and one rank deciding alone."""
     from sglang_dspark import envs
+    from sglang_dspark.scheduling.lookup_choice import CHAIN_MIN_GAIN
 
     mode = envs.LOOKUP.get()
     if mode == "off":
@@ -472,7 +473,8 @@ def lookup_note(raw: Any, facts: EngineFacts, decision: VerifyModeDecision, gamm
              "on the host, in the planner; a ragged verify of each lookup row's chain")
     return (f"{'forced (every proposal verified in full)' if mode == 'forced' else 'on'}: per request and step, the "
             f"continuation of the longest recent match (2..6 tokens) of its tail in its own prompt + output, up to "
-            f"γ = {gamma} tokens, verified when its learned acceptance × step speed pays; the draft "
+            f"γ = {gamma} tokens, verified when its learned acceptance (per match length and sampling class) × step "
+            f"speed beats the step without it by {CHAIN_MIN_GAIN:.0%}; the draft "
             f"runs only where it pays on the requests without a proposal; {where}")
 
 

@@ -27,7 +27,7 @@ from sglang_dspark import envs
 from sglang_dspark.engine.step_plan import LookupPlan
 from sglang_dspark.lookup.active import set_active_lookup
 from sglang_dspark.lookup.book import BatchProposals, LookupBook
-from sglang_dspark.lookup.calibration import LookupCalibration
+from sglang_dspark.lookup.calibration import GREEDY, LookupCalibration, sampling_class
 from sglang_dspark.scheduling.current_tokens import CurrentTokensPolicy
 from sglang_dspark.scheduling.lookup_choice import lookup_conditionals, lookup_lengths, prefers_lookup
 
@@ -38,11 +38,12 @@ STEP_KINDS = ("plain", "drafted", "lookup", "mixed")
 
 class Proposed(NamedTuple):
     """One step's proposals (``lookup/book.BatchProposals``) and their [R, γ] acceptance estimates (``explored``:
-    the optimistic estimates of an exploring step, ``lookup/calibration.py``)."""
+    the optimistic estimates of an exploring step; ``kinds [R]``: the rows' sampling classes, ``lookup/calibration.py``)."""
 
     proposals: BatchProposals
     conditional: torch.Tensor
     explored: bool = False
+    kinds: Optional[torch.Tensor] = None
 
     @property
     def rows(self) -> torch.Tensor:
@@ -51,6 +52,14 @@ class Proposed(NamedTuple):
 
 def _request_tokens(req):
     return req.rid, req.origin_input_ids, req.output_ids
+
+
+def _sampling_class(req) -> int:
+    """The request's sampling class for the calibration (greedy where SGLang's parameters are not there to read)."""
+    params = getattr(req, "sampling_params", None)
+    if params is None:
+        return GREEDY
+    return sampling_class(getattr(params, "temperature", 1.0), getattr(params, "top_k", 1))
 
 
 def _tokens_left(req) -> int:
@@ -123,9 +132,10 @@ class LookupSource:
         self.proposals += int((proposals.lengths > 0).sum())
         explore = self.calibration.explores(self.proposal_steps)
         self.proposal_steps += 1
+        kinds = torch.tensor([_sampling_class(req) for req in reqs], dtype=torch.int64)
         conditional = lookup_conditionals(proposals.lengths, proposals.match_lens, self.gamma,
-                                          functools.partial(self.calibration.planning, explore=explore))
-        return Proposed(proposals, conditional, explore)
+                                          functools.partial(self.calibration.planning, explore=explore), kinds)
+        return Proposed(proposals, conditional, explore, kinds)
 
     def rows_for(self, proposed: Optional[Proposed], *, drafted: bool, draft_survival: Optional[torch.Tensor],
                  cost) -> Optional[LookupPlan]:
@@ -150,7 +160,7 @@ class LookupSource:
         conditional = torch.where(torch.arange(self.gamma) < lengths[:, None], conditional,
                                   torch.zeros_like(conditional))
         return LookupPlan(tokens=proposals.tokens, lengths=lengths, match_lens=proposals.match_lens,
-                          conditional=conditional, explored=proposed.explored)
+                          conditional=conditional, explored=proposed.explored, kinds=proposed.kinds)
 
     # ------------------------------------------------------------------ after a step
 
@@ -168,7 +178,8 @@ class LookupSource:
                 self.lookup_rows += 1
                 self.lookup_verified += proposed
                 self.lookup_accepted += accepted
-                self.calibration.observe(int(lookup.match_lens[i]), proposed, accepted)
+                kind = GREEDY if lookup.kinds is None else int(lookup.kinds[i])
+                self.calibration.observe(int(lookup.match_lens[i]), proposed, accepted, kind)
             elif record.drafted:
                 self.draft_rows += 1
                 self.draft_verified += proposed

@@ -30,13 +30,14 @@ class LookupPlan:
     row may verify (0: not a lookup row; on a step without the draft, exactly what it verifies); ``match_lens [R]``:
     tail tokens the lookup matched; ``conditional [R, γ]``: the acceptance estimates the choice read (a drafted step
     ranks them with the draft's confidences); ``explored``: they were the optimistic ones of an exploring step
-    (``lookup/calibration.py``), not the mean."""
+    (``lookup/calibration.py``), not the mean; ``kinds [R]``: each row's sampling class there (None: all greedy)."""
 
     tokens: torch.Tensor
     lengths: torch.Tensor
     match_lens: torch.Tensor
     conditional: torch.Tensor
     explored: bool = False
+    kinds: Optional[torch.Tensor] = None
 
     @property
     def rows(self) -> torch.Tensor:

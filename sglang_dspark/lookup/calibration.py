@@ -2,7 +2,10 @@
 
 A lookup proposal carries no model confidence, so its acceptance is estimated from what verifies told us: the
 conditional acceptance of position j (j-th proposed token, given the ones before it were accepted), per match-length
-bucket, as a Beta posterior mean ``(accepted + a) / (tried + a + b)``. A verify of ``proposed`` tokens that accepted
+bucket and sampling class, as a Beta posterior mean ``(accepted + a) / (tried + a + b)``. The sampling class
+(:func:`sampling_class`: greedy, or the temperature's band) keeps apart what the verify's rule makes different: a
+greedy row accepts a token that is the target's argmax, a sampled row with probability ``p(x)``, lower the hotter it
+samples; one estimate for both would over-promise to sampled rows what greedy rows got, and under-promise the reverse. A verify of ``proposed`` tokens that accepted
 ``accepted`` of them says: positions 0..accepted-1 accepted, position ``accepted`` rejected (if proposed), later
 positions untried. ``survival`` is the cumulative product, the same quantity the capacity search reads for the
 draft, so both sources compete under one objective. :meth:`ece` reports the expected calibration error of the
@@ -25,6 +28,22 @@ import math
 import torch
 
 
+GREEDY = 0
+TEMPERATURE_BANDS = (0.5, 1.0)  # sampled rows: class 1 at T <= 0.5, 2 at T <= 1.0, 3 above
+SAMPLING_CLASSES = 2 + len(TEMPERATURE_BANDS)
+
+
+def sampling_class(temperature: float, top_k: int) -> int:
+    """A request's sampling class: :data:`GREEDY` for top-k 1 (SGLang's form of temperature 0), else 1 + the index of
+    the first band of :data:`TEMPERATURE_BANDS` at or above its temperature (the last class above them all)."""
+    if int(top_k) == 1:
+        return GREEDY
+    for index, upper in enumerate(TEMPERATURE_BANDS):
+        if float(temperature) <= upper:
+            return 1 + index
+    return SAMPLING_CLASSES - 1
+
+
 class LookupCalibration:
     def __init__(self, *, max_tokens: int = 16, match_buckets: tuple[int, ...] = (2, 3, 4, 6), prior: tuple[float, float]
                  = (1.0, 1.0), ece_bins: int = 10, optimism: float = 1.0, explore_every: int = 16) -> None:
@@ -37,7 +56,7 @@ class LookupCalibration:
         self.max_tokens = max_tokens
         self.match_buckets = tuple(match_buckets)
         self.prior = prior
-        self.accepted = torch.zeros(len(match_buckets), max_tokens, dtype=torch.float64)
+        self.accepted = torch.zeros(SAMPLING_CLASSES, len(match_buckets), max_tokens, dtype=torch.float64)
         self.tried = torch.zeros_like(self.accepted)
         self._bin_predicted = torch.zeros(ece_bins, dtype=torch.float64)
         self._bin_outcome = torch.zeros(ece_bins, dtype=torch.float64)
@@ -51,28 +70,29 @@ class LookupCalibration:
                 index = i
         return index
 
-    def conditional(self, match_len: int, num_tokens: int) -> torch.Tensor:
-        """``[num_tokens]`` P(position j accepted | positions before it accepted): the posterior mean."""
-        return self._estimate(match_len, num_tokens, 0.0)
+    def conditional(self, match_len: int, num_tokens: int, kind: int = GREEDY) -> torch.Tensor:
+        """``[num_tokens]`` P(position j accepted | positions before it accepted) for a row of sampling class
+        ``kind``: the posterior mean."""
+        return self._estimate(match_len, num_tokens, 0.0, kind)
 
-    def optimistic(self, match_len: int, num_tokens: int) -> torch.Tensor:
+    def optimistic(self, match_len: int, num_tokens: int, kind: int = GREEDY) -> torch.Tensor:
         """``[num_tokens]`` the posterior mean plus ``optimism`` posterior standard deviations, at most 1."""
-        return self._estimate(match_len, num_tokens, self.optimism)
+        return self._estimate(match_len, num_tokens, self.optimism, kind)
 
     def explores(self, step: int) -> bool:
         """Whether the ``step``-th planned step with proposals (from 0) explores (module docstring)."""
         return step % self.explore_every == 0
 
-    def planning(self, match_len: int, num_tokens: int, *, explore: bool) -> torch.Tensor:
+    def planning(self, match_len: int, num_tokens: int, kind: int = GREEDY, *, explore: bool) -> torch.Tensor:
         """``[num_tokens]`` the estimate a step plans with: :meth:`optimistic` on an exploring step, else the mean."""
-        return self.optimistic(match_len, num_tokens) if explore else self.conditional(match_len, num_tokens)
+        return self._estimate(match_len, num_tokens, self.optimism if explore else 0.0, kind)
 
-    def _estimate(self, match_len: int, num_tokens: int, optimism: float) -> torch.Tensor:
+    def _estimate(self, match_len: int, num_tokens: int, optimism: float, kind: int) -> torch.Tensor:
         k = min(int(num_tokens), self.max_tokens)
         row = self._bucket(match_len)
         a, b = self.prior
-        alpha = self.accepted[row, :k] + a
-        total = self.tried[row, :k] + a + b
+        alpha = self.accepted[kind, row, :k] + a
+        total = self.tried[kind, row, :k] + a + b
         estimate = alpha / total
         if optimism > 0:
             spread = torch.sqrt(estimate * (1.0 - estimate) / (total + 1.0))  # the Beta posterior's deviation
@@ -81,18 +101,18 @@ class LookupCalibration:
             estimate = torch.cat([estimate, estimate[-1:].expand(int(num_tokens) - k)])
         return estimate
 
-    def survival(self, match_len: int, num_tokens: int) -> torch.Tensor:
+    def survival(self, match_len: int, num_tokens: int, kind: int = GREEDY) -> torch.Tensor:
         """``[num_tokens]`` P(positions 0..j all accepted)."""
-        return torch.cumprod(self.conditional(match_len, num_tokens), dim=0)
+        return torch.cumprod(self.conditional(match_len, num_tokens, kind), dim=0)
 
-    def observe(self, match_len: int, proposed: int, accepted: int) -> None:
+    def observe(self, match_len: int, proposed: int, accepted: int, kind: int = GREEDY) -> None:
         """A verify of ``proposed`` lookup tokens (0 <= accepted <= proposed); also scores the estimate it replaces."""
         if not 0 <= accepted <= proposed:
             raise ValueError(f"accepted {accepted} out of 0..{proposed}")
         if proposed == 0:
             return
         tried = min(accepted + 1, proposed)
-        predicted = self.conditional(match_len, tried)
+        predicted = self.conditional(match_len, tried, kind)
         outcome = torch.zeros(tried, dtype=torch.float64)
         outcome[:accepted] = 1.0
         bins = torch.clamp((predicted * len(self._bin_count)).long(), max=len(self._bin_count) - 1)
@@ -100,8 +120,8 @@ class LookupCalibration:
         self._bin_outcome.index_add_(0, bins, outcome)
         self._bin_count.index_add_(0, bins, torch.ones_like(predicted))
         row, k = self._bucket(match_len), min(tried, self.max_tokens)
-        self.tried[row, :k] += 1.0
-        self.accepted[row, :min(accepted, k)] += 1.0
+        self.tried[kind, row, :k] += 1.0
+        self.accepted[kind, row, :min(accepted, k)] += 1.0
 
     def ece(self) -> float:
         """Expected calibration error of every estimate scored so far (NaN before any)."""
@@ -112,4 +132,4 @@ class LookupCalibration:
         return float(gaps.sum() / total)
 
 
-__all__ = ["LookupCalibration"]
+__all__ = ["GREEDY", "LookupCalibration", "SAMPLING_CLASSES", "TEMPERATURE_BANDS", "sampling_class"]

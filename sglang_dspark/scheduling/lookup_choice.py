@@ -29,38 +29,57 @@ import torch
 from sglang_dspark.scheduling.admission import (
     _reachable_path_throughput,
     admit_topk,
-    capacity_from_survival,
     survival_probabilities,
 )
 from sglang_dspark.scheduling.cost_model import StepCostModel
 
-__all__ = ["draft_pays_beside_lookup", "lookup_conditionals", "lookup_lengths", "prefers_lookup", "without_rows"]
+__all__ = ["CHAIN_MIN_GAIN", "draft_pays_beside_lookup", "lookup_conditionals", "lookup_lengths", "prefers_lookup",
+           "without_rows"]
+
+# A step verifies lookup chains only where they promise at least this much more throughput than the step without
+# them. A chain speeds the requests it is accepted for and not the rest, so requests that started together finish
+# apart: later steps run fewer requests and prefills land one by one, a cost the per-step objective does not see.
+# Chains predicted to gain a few per cent at a full batch realize less than that in the trace and lose the level
+# (docs/lookup.md, "The margin"); chains that pay clearly (a long accepted run, a light batch) are kept.
+CHAIN_MIN_GAIN = 0.05
 
 
-def lookup_conditionals(lengths: torch.Tensor, match_lens: torch.Tensor, gamma: int, conditional_of) -> torch.Tensor:
+def lookup_conditionals(lengths: torch.Tensor, match_lens: torch.Tensor, gamma: int, conditional_of,
+                        kinds: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``[R, γ]`` conditional acceptance of each proposed lookup token (0 past a row's proposal and for rows with
-    none). ``conditional_of(match_len, n)``: the estimate for n tokens (``LookupCalibration.conditional``)."""
+    none). ``conditional_of(match_len, n, kind)``: the estimate for n tokens of a row of sampling class ``kind``
+    (``LookupCalibration.conditional``); ``kinds [R]``: each row's class (None: every row greedy)."""
     rows = int(lengths.shape[0])
     conditional = torch.zeros(rows, gamma, dtype=torch.float64)
     for row in range(rows):
         count = int(lengths[row])
         if count > 0:
-            conditional[row, :count] = conditional_of(int(match_lens[row]), count).to(torch.float64)
+            kind = 0 if kinds is None else int(kinds[row])
+            conditional[row, :count] = conditional_of(int(match_lens[row]), count, kind).to(torch.float64)
     return conditional
 
 
 def lookup_lengths(conditional: torch.Tensor, cost: Optional[StepCostModel], *, forced: bool = False,
-                   proposed: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   proposed: Optional[torch.Tensor] = None, min_gain: float = CHAIN_MIN_GAIN) -> torch.Tensor:
     """``[R]`` lookup tokens to verify per request on a step without the draft: ``K = argmax_K Θ_K`` over the lookup
-    survivals with ``cost`` (a step that runs no draft block), then the top ``K`` candidates by survival (a prefix of
-    every row); ``forced`` (or no cost yet): every proposed token (``proposed``: tokens per row; default, the rows'
-    positive conditionals)."""
+    survivals with ``cost`` (a step that runs no draft block), counting ``K = 0`` (no chain) at ``(1 + min_gain)·Θ_0``
+    (:data:`CHAIN_MIN_GAIN`), then the top ``K`` candidates by survival (a prefix of every row); ``forced`` (or no cost yet): every proposed
+    token (``proposed``: tokens per row; default, the rows' positive conditionals)."""
     if forced or cost is None:
         if proposed is None:
             proposed = (conditional > 0).sum(dim=-1)
         return proposed.to(torch.long)
-    capacity = capacity_from_survival(survival_probabilities(conditional), cost, conditional.shape[-2])
-    return admit_topk(conditional, capacity)
+    if conditional.shape[-2] == 0 or conditional.shape[-1] == 0:
+        return torch.zeros(conditional.shape[:-1], dtype=torch.long)
+    theta = _chain_path_throughput(survival_probabilities(conditional), cost, min_gain)
+    return admit_topk(conditional, torch.argmax(theta, dim=-1))  # the first maximum: ties go to no chain
+
+
+def _chain_path_throughput(survival: torch.Tensor, cost: StepCostModel, min_gain: float) -> torch.Tensor:
+    """``Θ_K`` along the top-K path of the lookup survivals, ``K = 0`` (no chain) counted at ``(1 + min_gain)·Θ_0``."""
+    theta = _reachable_path_throughput(survival, survival.shape[-2], cost, 0.0)
+    theta[..., 0] *= 1.0 + float(min_gain)
+    return theta
 
 
 def prefers_lookup(lookup_conditional: torch.Tensor, draft_survival: Optional[torch.Tensor]) -> torch.Tensor:
@@ -90,7 +109,8 @@ def draft_pays_beside_lookup(lookup_conditional: torch.Tensor, draft_survival: O
         Θ(lookup only) = max_K (R + Σ top-K lookup survivals) · SPS_undrafted(R, R + K)
         Θ(drafted)     = max_K (R + Σ top-K of the rows' best survivals) · SPS_drafted(R, R + K)
 
-    (a row's best: its lookup survivals where it has a chain, else the draft's ``draft_survival``). Ties go to the step
+    (a row's best: its lookup survivals where it has a chain, else the draft's ``draft_survival``; Θ(lookup only) takes
+    ``K = 0`` unless a chain clears :data:`CHAIN_MIN_GAIN`, as :func:`lookup_lengths` does). Ties go to the step
     without the draft. With nothing known of the draft (None, or rows that are not these) the gate's call stands:
     a drafted step is how the draft's survivals become known."""
     lookup = survival_probabilities(lookup_conditional)
@@ -99,6 +119,9 @@ def draft_pays_beside_lookup(lookup_conditional: torch.Tensor, draft_survival: O
         return True
     has_lookup = lookup_conditional[:, :1] > 0
     best = torch.where(has_lookup, lookup, draft_survival.to(lookup.dtype).clamp(0.0, 1.0))
-    theta_lookup = _reachable_path_throughput(lookup, num_requests, cost_undrafted, 0.0).max()
+    # The step without the draft verifies the chains :func:`lookup_lengths` keeps: none below the margin.
+    lookup_path = _chain_path_throughput(lookup, cost_undrafted, CHAIN_MIN_GAIN)
+    chosen = int(torch.argmax(lookup_path))
+    theta_lookup = lookup_path[chosen] / (1.0 + CHAIN_MIN_GAIN) if chosen == 0 else lookup_path[chosen]
     theta_drafted = _reachable_path_throughput(best, num_requests, cost_drafted, 0.0).max()
     return bool(theta_drafted > theta_lookup)

@@ -207,3 +207,22 @@ def test_the_trace_compares_what_a_lookup_step_expected_with_what_it_got():
     assert fields == {"lookup_rows": 1, "lookup_tokens": 4, "lookup_expected": round(expected, 4),
                       "lookup_accepted": 2, "lookup_explored": True, "lookup_predicted_seconds": 0.25}
     assert "lookup_predicted_seconds" not in source.trace_fields(record, None)
+
+
+def test_greedy_and_sampled_rows_plan_and_learn_with_their_own_class():
+    """A greedy and a T = 0.7 request with the same chain: verifies that accepted the greedy row's chain and rejected
+    the sampled row's teach each class its own rate, and the next plan reads each row's own."""
+    from sglang_dspark.lookup.calibration import GREEDY, sampling_class
+
+    greedy = _req("g", REPEATING.origin_input_ids, REPEATING.output_ids)
+    greedy.sampling_params = SimpleNamespace(temperature=1.0, top_k=1, max_new_tokens=64)
+    warm = _req("w", REPEATING.origin_input_ids, REPEATING.output_ids)
+    warm.sampling_params = SimpleNamespace(temperature=0.7, top_k=1 << 30, max_new_tokens=64)
+    source = LookupSource(GAMMA, forced=True)
+    for _ in range(20):
+        plan = _plan(source, _batch([greedy, warm]), drafted=False, draft_survival=None, cost=None)
+        assert plan.kinds.tolist() == [GREEDY, sampling_class(0.7, 1 << 30)]
+        source.observe(StepRecord(verify_lens=(1 + plan.lengths).tolist(), commit_lens=[1 + GAMMA, 1],
+                                  confidence=None, seconds=0.2, drafted=False, lookup=plan))
+    plan = _plan(source, _batch([greedy, warm]), drafted=False, draft_survival=None, cost=None)
+    assert bool((plan.conditional[0] > 0.9).all()) and float(plan.conditional[1, 0]) < 0.1

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from sglang_dspark.lookup.calibration import LookupCalibration
+from sglang_dspark.lookup.calibration import GREEDY, SAMPLING_CLASSES, LookupCalibration, sampling_class
 
 # True conditional acceptance per position: long matches are copied well, short ones poorly.
 TRUE = {2: [0.4, 0.3, 0.3, 0.2], 6: [0.95, 0.9, 0.9, 0.85]}
@@ -59,10 +59,10 @@ def test_calibration_error_is_small_when_learned_and_large_when_wrong():
 def test_a_verify_says_accepted_then_one_rejected_then_nothing():
     calibration = LookupCalibration(match_buckets=(2,))
     calibration.observe(3, proposed=4, accepted=2)
-    assert calibration.tried[0].tolist()[:4] == [1.0, 1.0, 1.0, 0.0]
-    assert calibration.accepted[0].tolist()[:4] == [1.0, 1.0, 0.0, 0.0]
+    assert calibration.tried[GREEDY, 0].tolist()[:4] == [1.0, 1.0, 1.0, 0.0]
+    assert calibration.accepted[GREEDY, 0].tolist()[:4] == [1.0, 1.0, 0.0, 0.0]
     calibration.observe(3, proposed=2, accepted=2)  # all accepted: nothing rejected
-    assert calibration.tried[0].tolist()[:3] == [2.0, 2.0, 1.0]
+    assert calibration.tried[GREEDY, 0].tolist()[:3] == [2.0, 2.0, 1.0]
     with pytest.raises(ValueError):
         calibration.observe(3, proposed=2, accepted=3)
 
@@ -95,3 +95,18 @@ def test_steps_plan_with_the_mean_and_one_in_explore_every_with_the_optimistic_e
     assert bool((calibration.optimistic(6, 3) > calibration.conditional(6, 3)).all())
     with pytest.raises(ValueError, match="explore_every"):
         LookupCalibration(explore_every=0)
+
+def test_sampling_classes_learn_apart():
+    """Greedy rows accept every proposed token, rows sampled at T = 0.7 one in two: each class's estimate is its own
+    rate, and a class nobody taught keeps the prior."""
+    assert sampling_class(1.0, top_k=1) == GREEDY  # SGLang's form of temperature 0
+    assert sampling_class(0.3, top_k=50) == 1 and sampling_class(0.7, top_k=-1) == 2
+    assert sampling_class(1.5, top_k=-1) == SAMPLING_CLASSES - 1
+    calibration = LookupCalibration(match_buckets=(2,))
+    warm = sampling_class(0.7, top_k=-1)
+    for step in range(200):
+        calibration.observe(4, proposed=1, accepted=1, kind=GREEDY)
+        calibration.observe(4, proposed=1, accepted=step % 2, kind=warm)
+    assert float(calibration.conditional(4, 1, GREEDY)) > 0.98
+    assert abs(float(calibration.conditional(4, 1, warm)) - 0.5) < 0.02
+    assert float(calibration.conditional(4, 1, sampling_class(0.3, top_k=-1))) == 0.5  # Beta(1, 1)

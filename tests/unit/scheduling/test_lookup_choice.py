@@ -93,3 +93,36 @@ def test_the_draft_runs_beside_lookup_chains_only_where_it_beats_the_step_withou
     assert draft_pays_beside_lookup(lookup, None, drafted, undrafted)  # nothing known of the draft: the gate's call
     # A free draft block never loses to the step without it (ties go to the step without the draft).
     assert draft_pays_beside_lookup(lookup, weak_draft, undrafted, undrafted)
+
+
+def test_chains_that_gain_less_than_the_margin_are_not_verified():
+    from sglang_dspark.scheduling.lookup_choice import CHAIN_MIN_GAIN
+
+    # 16 rows, a plain step of 1 s, each verified token 1 % of it: one row's chain of 3 at 0.8 a position expects
+    # 0.8 + 0.64 + 0.512 = 1.95 tokens for 3 % more time, (16 + 1.95) / 16 / 1.03 = 1.089: a 9 % gain clears 5 %.
+    cost = LinearCost(0.84, 0.01)
+    strong = torch.zeros(16, 4, dtype=torch.float64)
+    strong[0, :3] = 0.8
+    assert lookup_lengths(strong, cost).tolist() == [3] + [0] * 15
+    # At 0.45 a position the best is two tokens, (16 + 0.45 + 0.2025) / 16 / 1.02 = 1.020: below the margin, while the
+    # search without one (min_gain 0) verifies them.
+    weak = strong * (0.45 / 0.8)
+    assert CHAIN_MIN_GAIN > 0.021
+    assert lookup_lengths(weak, cost).tolist() == [0] * 16
+    assert lookup_lengths(weak, cost, min_gain=0.0).tolist() == [2] + [0] * 15
+
+
+def test_a_chain_below_the_margin_does_not_stop_the_draft():
+    from sglang_dspark.scheduling.lookup_choice import draft_pays_beside_lookup
+
+    # Row 0's chain gains 2 %, under the margin: the step without the draft would verify no chain, Θ = 16. A draft
+    # block of 5 % with four rows at 0.3 gives Θ = 16.08: the draft runs, though the chain alone (16.33) beats it.
+    cost_undrafted, cost_drafted = LinearCost(0.84, 0.01), LinearCost(0.89, 0.01)
+    lookup = torch.zeros(16, 4, dtype=torch.float64)
+    lookup[0, :3] = 0.45
+    draft = torch.zeros(16, 4, dtype=torch.float64)
+    draft[1:5, 0] = 0.3
+    assert draft_pays_beside_lookup(lookup, draft, cost_drafted, cost_undrafted)
+    # A chain that clears the margin (0.8 a position, 9 %) is what the step without the draft verifies: it wins.
+    lookup[0, :3] = 0.8
+    assert not draft_pays_beside_lookup(lookup, draft, cost_drafted, cost_undrafted)

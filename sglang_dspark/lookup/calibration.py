@@ -5,11 +5,11 @@ conditional acceptance of position j (j-th proposed token, given the ones before
 bucket and sampling class, as a Beta posterior mean ``(accepted + a) / (tried + a + b)``. The sampling class
 (:func:`sampling_class`: greedy, or the temperature's band) keeps apart what the verify's rule makes different: a
 greedy row accepts a token that is the target's argmax, a sampled row with probability ``p(x)``, lower the hotter it
-samples; one estimate for both would over-promise to sampled rows what greedy rows got, and under-promise the reverse. A verify of ``proposed`` tokens that accepted
-``accepted`` of them says: positions 0..accepted-1 accepted, position ``accepted`` rejected (if proposed), later
-positions untried. ``survival`` is the cumulative product, the same quantity the capacity search reads for the
-draft, so both sources compete under one objective. :meth:`ece` reports the expected calibration error of the
-estimates it handed out, against what verify then did.
+samples; one estimate for both would over-promise to sampled rows what greedy rows got, and under-promise the
+reverse. A verify of ``proposed`` tokens that accepted ``accepted`` of them says: positions 0..accepted-1 accepted,
+position ``accepted`` rejected (if proposed), later positions untried. ``survival`` is the cumulative product, the
+same quantity the capacity search reads for the draft, so both sources compete under one objective. :meth:`ece`
+reports the expected calibration error of the estimates it handed out, against what verify then did.
 
 The scheduler plans with the mean, so its choices rest on calibrated estimates, and explores: one step with
 proposals in ``explore_every`` plans with :meth:`optimistic`, the mean plus ``optimism`` posterior standard deviations

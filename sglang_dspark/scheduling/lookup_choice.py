@@ -71,15 +71,18 @@ def lookup_lengths(conditional: torch.Tensor, cost: Optional[StepCostModel], *, 
         return proposed.to(torch.long)
     if conditional.shape[-2] == 0 or conditional.shape[-1] == 0:
         return torch.zeros(conditional.shape[:-1], dtype=torch.long)
-    theta = _chain_path_throughput(survival_probabilities(conditional), cost, min_gain)
-    return admit_topk(conditional, torch.argmax(theta, dim=-1))  # the first maximum: ties go to no chain
+    capacity, _ = _chosen_chains(survival_probabilities(conditional), cost, min_gain)
+    return admit_topk(conditional, capacity)
 
 
-def _chain_path_throughput(survival: torch.Tensor, cost: StepCostModel, min_gain: float) -> torch.Tensor:
-    """``Θ_K`` along the top-K path of the lookup survivals, ``K = 0`` (no chain) counted at ``(1 + min_gain)·Θ_0``."""
+def _chosen_chains(survival: torch.Tensor, cost: StepCostModel, min_gain: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(K, Θ_K)``: the best count of chain tokens along the top-K path of the lookup survivals, ``K = 0`` (no
+    chain) unless some ``Θ_K`` beats ``(1 + min_gain)·Θ_0`` (the first maximum: ties go to fewer), and its throughput."""
     theta = _reachable_path_throughput(survival, survival.shape[-2], cost, 0.0)
-    theta[..., 0] *= 1.0 + float(min_gain)
-    return theta
+    bar = theta.clone()
+    bar[..., 0] *= 1.0 + float(min_gain)
+    capacity = torch.argmax(bar, dim=-1)
+    return capacity, theta.gather(-1, capacity.unsqueeze(-1)).squeeze(-1)
 
 
 def prefers_lookup(lookup_conditional: torch.Tensor, draft_survival: Optional[torch.Tensor]) -> torch.Tensor:
@@ -120,8 +123,6 @@ def draft_pays_beside_lookup(lookup_conditional: torch.Tensor, draft_survival: O
     has_lookup = lookup_conditional[:, :1] > 0
     best = torch.where(has_lookup, lookup, draft_survival.to(lookup.dtype).clamp(0.0, 1.0))
     # The step without the draft verifies the chains :func:`lookup_lengths` keeps: none below the margin.
-    lookup_path = _chain_path_throughput(lookup, cost_undrafted, CHAIN_MIN_GAIN)
-    chosen = int(torch.argmax(lookup_path))
-    theta_lookup = lookup_path[chosen] / (1.0 + CHAIN_MIN_GAIN) if chosen == 0 else lookup_path[chosen]
+    _, theta_lookup = _chosen_chains(lookup, cost_undrafted, CHAIN_MIN_GAIN)
     theta_drafted = _reachable_path_throughput(best, num_requests, cost_drafted, 0.0).max()
     return bool(theta_drafted > theta_lookup)

@@ -20,23 +20,33 @@ import logging
 
 from sglang_dspark.lookup.active import active_lookup
 from sglang_dspark.patches.install_once import install_once
+from sglang_dspark.scheduling.current_tokens import LAUNCH_ATTRIBUTE, BatchLaunch
 
 logger = logging.getLogger(__name__)
 
 _DISABLE_OVERLAP = "sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch"
 
 
+def _lookup_decode_batch(batch) -> bool:
+    return (active_lookup() is not None and batch is not None and batch.spec_algorithm.is_dspark()
+            and batch.forward_mode.is_decode())
+
+
 def needs_current_tokens(batch) -> bool:
-    source = active_lookup()
-    if source is None or batch is None or not batch.spec_algorithm.is_dspark() or not batch.forward_mode.is_decode():
+    if not _lookup_decode_batch(batch) or batch.has_grammar:
         return False
-    return source.needs_current_tokens(batch.reqs)
+    return active_lookup().needs_current_tokens(batch.reqs)
 
 
 def disable_overlap_for_lookup(original, self, batch, *args, **kwargs):
-    if original(self, batch, *args, **kwargs):
-        return True
-    return len(getattr(self, "result_queue", ())) > 0 and needs_current_tokens(batch)
+    queued = len(getattr(self, "result_queue", ())) > 0
+    disabled = bool(original(self, batch, *args, **kwargs))
+    given_up = not disabled and queued and needs_current_tokens(batch)
+    if _lookup_decode_batch(batch):
+        # The loop processes the queued result before this launch exactly when the answer is True.
+        setattr(batch, LAUNCH_ATTRIBUTE, BatchLaunch(tokens_current=disabled or given_up or not queued,
+                                                     overlap_given_up=given_up))
+    return disabled or given_up
 
 
 @install_once

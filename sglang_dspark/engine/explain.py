@@ -453,6 +453,7 @@ def lookup_note(raw: Any, facts: EngineFacts, decision: VerifyModeDecision, gamm
     """Whether prompt lookup runs beside the draft (engine/lookup_source.py) and what it does on this engine: it rides
     on the draft gate, which needs compact verify, the async or exact policy and one rank deciding alone."""
     from sglang_dspark import envs
+    from sglang_dspark.profiler.overlap_gap import GPU_GAP_PRIOR_SECONDS, GPU_GAP_PRIOR_SECONDS_PER_REQUEST
     from sglang_dspark.scheduling.lookup_choice import CHAIN_MIN_GAIN
 
     mode = envs.LOOKUP.get()
@@ -466,11 +467,25 @@ def lookup_note(raw: Any, facts: EngineFacts, decision: VerifyModeDecision, gamm
                                                   attn_dp_enabled=facts.attn_dp_size > 1))
     if not learning.enabled:
         return f"off: the draft gate is off where ranks must agree ({learning.reason})"
-    where = ("on the host, in the planner; a ragged verify of each lookup row's chain (the step's token tier "
-             "widened to the chains), tokens copied to the device with the step's inputs; a decode batch with a "
-             "lookup match runs after the previous result is processed (SGLang's overlap scheduler loses its host "
-             "overlap on such steps)" if facts.device != "cpu" else
-             "on the host, in the planner; a ragged verify of each lookup row's chain")
+    where = "on the host, in the planner; a ragged verify of each lookup row's chain"
+    if bool(getattr(raw, "disable_overlap_schedule", False)):
+        overlap = "no overlap scheduler (--disable-overlap-schedule): the host's tokens are always current"
+    else:
+        publishes = facts.attention_backend in ("flashinfer", None) or facts.device == "cpu"
+        anchors = ("" if publishes else f"{facts.attention_backend} publishes no host sequence lengths under the "
+                   "overlap scheduler, so ")
+        gap = ("a wait costs no device time here (the forward runs on the host)" if facts.device == "cpu" else
+               f"a wait costs the device an idle gap, {1e3 * GPU_GAP_PRIOR_SECONDS:g} ms + "
+               f"{1e6 * GPU_GAP_PRIOR_SECONDS_PER_REQUEST:g} us per request until the step records time it")
+        overlap = (f"{anchors}rows are anchored on the scheduler's committed lengths (proposals on every backend); "
+                   "a decode batch with a lookup match waits for the previous result (gives up SGLang's overlap for "
+                   "that step) only while chains are verified at that load and their predicted saving per step is at "
+                   f"least the wait's cost: {gap}; otherwise it keeps the overlap (one batch in 16 still waits, to "
+                   "weigh the chains again)")
+    if facts.device != "cpu":
+        where += (" (the step's token tier widened to the chains), its lengths and tokens copied to the device "
+                  "pinned and without blocking; a drafted step with lookup rows takes the eager accept")
+    where += f"; {overlap}"
     return (f"{'forced (every proposal verified in full)' if mode == 'forced' else 'on'}: per request and step, the "
             f"continuation of the longest recent match (2..6 tokens) of its tail in its own prompt + output, up to "
             f"γ = {gamma} tokens, verified when its learned acceptance (per match length and sampling class) × step "

@@ -6,11 +6,13 @@ tokens the scheduler holds), its acceptance estimates (``lookup/calibration.py``
 :meth:`LookupSource.observe` reads the step record (verify and commit lengths) to teach the calibration and count what
 each source proposed, verified and got accepted.
 
-A proposal is made only for rows whose host tokens are current (``len(prompt) + len(output) == seq_len + 1``: the
-anchor is the last token the host holds); under SGLang's overlap scheduler ``patches/lookup_current_tokens.py`` runs
-a batch with a lookup match after the previous result is processed, so its tokens are, while chains are being
-verified at that load (:meth:`LookupSource.needs_current_tokens`, ``scheduling/current_tokens.py``). Nothing here
-reads a device tensor.
+A proposal is made only for rows whose host tokens are current: the anchor is the last token the host holds
+(:func:`current_rows`). Under SGLang's overlap scheduler ``patches/lookup_current_tokens.py`` runs a batch with a lookup
+match after the previous result is processed while chains are being verified at that load and pay for the wait
+(:meth:`LookupSource.needs_current_tokens`, ``scheduling/current_tokens.py``), and tells this source, per batch,
+whether its tokens are current (``BatchLaunch``); every such wait is observed, with or without a proposal after it,
+so a backend or load where chains do not pay goes back to the overlap. Nothing here reads a device tensor, and no
+row is ever anchored on the KV reservation (the spec info's ``nxt_kv_lens_cpu``: committed + two blocks).
 """
 
 from __future__ import annotations
@@ -28,8 +30,14 @@ from sglang_dspark.engine.step_plan import LookupPlan
 from sglang_dspark.lookup.active import set_active_lookup
 from sglang_dspark.lookup.book import BatchProposals, LookupBook
 from sglang_dspark.lookup.calibration import GREEDY, LookupCalibration, sampling_class
-from sglang_dspark.scheduling.current_tokens import CurrentTokensPolicy
-from sglang_dspark.scheduling.lookup_choice import lookup_conditionals, lookup_lengths, prefers_lookup
+from sglang_dspark.profiler.overlap_gap import OverlapGap
+from sglang_dspark.scheduling.current_tokens import LAUNCH_ATTRIBUTE, BatchLaunch, CurrentTokensPolicy
+from sglang_dspark.scheduling.lookup_choice import (
+    chain_saving_seconds,
+    lookup_conditionals,
+    lookup_lengths,
+    prefers_lookup,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +70,31 @@ def _sampling_class(req) -> int:
     return sampling_class(getattr(params, "temperature", 1.0), getattr(params, "top_k", 1))
 
 
+def _committed_len(req) -> Optional[int]:
+    kv = getattr(req, "kv", None)
+    committed = getattr(kv, "kv_committed_len", None)
+    return None if committed is None else int(committed)
+
+
+def current_rows(batch, reqs) -> list[bool]:
+    """Per request of a decode batch: its host tokens end with the anchor of the step being planned.
+
+    Where the scheduler says how it launched the batch (``BatchLaunch``, every DSPARK decode batch under the overlap
+    scheduler): the batch's tokens are current, and the request holds its committed KV length + 1 tokens (its anchor
+    not in the KV yet). Elsewhere (the synchronous scheduler, or a batch built without the patch) SGLang's host
+    sequence lengths where it publishes them: the request holds ``seq_len + 1`` tokens. Neither: no row is current."""
+    held = [len(req.origin_input_ids) + len(req.output_ids) for req in reqs]
+    launch: Optional[BatchLaunch] = getattr(batch, LAUNCH_ATTRIBUTE, None)
+    if launch is not None:
+        if not launch.tokens_current:
+            return [False] * len(reqs)
+        return [(c := _committed_len(req)) is not None and n == c + 1 for n, req in zip(held, reqs)]
+    seq_lens = getattr(batch, "seq_lens_cpu", None)
+    if seq_lens is None or len(seq_lens) != len(reqs):
+        return [False] * len(reqs)
+    return [n == int(seq_lens[i]) + 1 for i, n in enumerate(held)]
+
+
 def _tokens_left(req) -> int:
     """Tokens the request may still commit (its max_new_tokens less its output; large when unknown)."""
     limit = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
@@ -69,12 +102,15 @@ def _tokens_left(req) -> int:
 
 
 class LookupSource:
-    def __init__(self, gamma: int, *, forced: bool = False) -> None:
+    def __init__(self, gamma: int, *, forced: bool = False, on_host: bool = True) -> None:
+        """``on_host``: the model runs on the host (the CPU), where waiting for a result costs no device time."""
         self.gamma = int(gamma)
         self.forced = forced
         self.book = LookupBook()
         self.calibration = LookupCalibration(max_tokens=max(1, self.gamma))
         self.current_tokens = CurrentTokensPolicy()
+        self.overlap_gap = OverlapGap(on_host=on_host)  # what waiting for the previous result costs (profiler/)
+        self.overlap_given_up = 0  # decode batches that waited for current tokens
         self.steps = dict.fromkeys(STEP_KINDS, 0)
         self.lookup_rows = self.lookup_verified = self.lookup_accepted = 0
         self.draft_rows = self.draft_verified = self.draft_accepted = 0
@@ -84,11 +120,11 @@ class LookupSource:
         self.plan_seconds = 0.0  # host time of propose() over all steps (the lookup's cost per step)
 
     @classmethod
-    def from_env(cls, gamma: int) -> Optional["LookupSource"]:
+    def from_env(cls, gamma: int, *, on_host: bool = True) -> Optional["LookupSource"]:
         """The source ``SGLANG_DSPARK_LOOKUP`` asks for (None: off), also the one the scheduler-side patch asks
         (``patches/lookup_current_tokens.py``, through ``lookup/active.py``)."""
         mode = envs.LOOKUP.get()
-        source = None if mode == "off" else cls(gamma, forced=mode == "forced")
+        source = None if mode == "off" else cls(gamma, forced=mode == "forced", on_host=on_host)
         set_active_lookup(source)
         return source
 
@@ -98,7 +134,7 @@ class LookupSource:
         """Whether a decode batch of SGLang's requests should run on current tokens: some request's tail (as the
         scheduler holds it) recurs in its context, and chains are being verified at this load."""
         reqs = list(reqs)
-        return self.book.any_match(reqs) and self.current_tokens.wants(len(reqs))
+        return self.book.any_match(reqs) and self.current_tokens.wants(len(reqs), self.overlap_gap.seconds(len(reqs)))
 
     # ------------------------------------------------------------------ before a step
 
@@ -113,21 +149,22 @@ class LookupSource:
 
     def _propose(self, batch) -> Optional[Proposed]:
         reqs = list(getattr(batch, "reqs", None) or ())
-        seq_lens = batch.seq_lens_cpu if getattr(batch, "seq_lens_cpu", None) is not None else getattr(
-            batch.spec_info, "nxt_kv_lens_cpu", None)
         self.book.retain(req.rid for req in reqs)
-        if not reqs or seq_lens is None or len(seq_lens) != len(reqs):
+        if not reqs:
             return None
+        launch: Optional[BatchLaunch] = getattr(batch, LAUNCH_ATTRIBUTE, None)
+        waited = launch is not None and launch.overlap_given_up
+        self.overlap_given_up += int(waited)
         # Only rows whose host tokens end with the anchor (module docstring); the others get no proposal.
-        rows = [_request_tokens(req) if len(req.origin_input_ids) + len(req.output_ids) == int(seq_lens[i]) + 1
-                else None for i, req in enumerate(reqs)]
+        rows = [_request_tokens(req) if current else None for req, current in zip(reqs, current_rows(batch, reqs))]
         proposals = self.book.propose(rows, self.gamma)
+        if proposals.any:
+            # A request commits at most its remaining tokens: proposing past them is verify work that cannot pay.
+            remaining = torch.tensor([_tokens_left(req) for req in reqs], dtype=torch.int64)
+            proposals = proposals.capped(torch.clamp(remaining - 1, min=0))
         if not proposals.any:
-            return None
-        # A request commits at most its remaining tokens: proposing past them is verify work that cannot pay.
-        remaining = torch.tensor([_tokens_left(req) for req in reqs], dtype=torch.int64)
-        proposals = proposals.capped(torch.clamp(remaining - 1, min=0))
-        if not proposals.any:
+            if waited:  # the batch gave up the overlap for a chain that did not come: the policy learns it
+                self.current_tokens.observe(len(reqs), verified_chains=False)
             return None
         self.proposals += int((proposals.lengths > 0).sum())
         explore = self.calibration.explores(self.proposal_steps)
@@ -145,7 +182,9 @@ class LookupSource:
         if proposed is None:
             return None
         plan = self._rows_for(proposed, drafted=drafted, draft_survival=draft_survival, cost=cost)
-        self.current_tokens.observe(len(proposed.proposals.lengths), verified_chains=plan is not None)
+        saved = chain_saving_seconds(plan.conditional, plan.lengths, cost) if plan is not None else 0.0
+        self.current_tokens.observe(len(proposed.proposals.lengths), verified_chains=plan is not None,
+                                    saved_seconds=saved)
         return plan
 
     def _rows_for(self, proposed: Proposed, *, drafted: bool, draft_survival: Optional[torch.Tensor],
@@ -167,6 +206,7 @@ class LookupSource:
     def observe(self, record) -> None:
         """A finished decode step (``engine/step_record.StepRecord``): the lookup rows teach the calibration; every
         row counts toward its source."""
+        self.overlap_gap.observe(len(record.commit_lens), record.gap_seconds, record.overlap_given_up)
         lookup: Optional[LookupPlan] = record.lookup
         kind = ("mixed" if record.drafted else "lookup") if lookup is not None else (
             "drafted" if record.drafted else "plain")
@@ -217,8 +257,10 @@ class LookupSource:
                       "accept_length": round(1.0 + self.draft_accepted / self.draft_rows, 4) if self.draft_rows
                       else None},
             "plan_us_per_step": round(1e6 * self.plan_seconds / self.planned_steps, 2) if self.planned_steps else None,
+            "overlap_given_up_steps": self.overlap_given_up,
+            "overlap_gap": self.overlap_gap.summary(),
             **self.current_tokens.summary(),
         }
 
 
-__all__ = ["LookupSource", "Proposed", "STEP_KINDS"]
+__all__ = ["LookupSource", "Proposed", "STEP_KINDS", "current_rows"]

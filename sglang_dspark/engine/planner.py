@@ -38,12 +38,15 @@ from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
 from sglang_dspark.engine.gate_trace import GateTrace
 from sglang_dspark.engine.lookup_source import LookupSource
+from sglang_dspark.engine.plan_digest import PlanDigest
 from sglang_dspark.engine.rank_learning import RankLearning, decide_rank_learning, parallel_facts
 from sglang_dspark.engine.step_record import StepRecord
+from sglang_dspark.engine.to_device import to_device
 from sglang_dspark.engine.verify_mode import PLUGIN_SPS_PROBES_DP_ATTENTION, SPS_PROBES_DP_ATTENTION_SKIPPED
 from sglang_dspark.profiler.step_costs import StepCosts
 from sglang_dspark.engine.step_plan import DRAFTED, CurrentStep, StepPlan
 from sglang_dspark.scheduling.acceptance import SurvivalPrior
+from sglang_dspark.scheduling.current_tokens import LAUNCH_ATTRIBUTE
 from sglang_dspark.scheduling.draft_gate import DraftGate, ForcedGate, GateDecision, make_draft_gate
 from sglang_dspark.scheduling.lookup_choice import draft_pays_beside_lookup, without_rows
 from sglang_dspark.scheduling.policy import AdmissionPolicy
@@ -154,6 +157,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
     gate_trace: Optional[GateTrace] = None
     lookup: Optional[LookupSource] = None
     rank_learning: Optional[RankLearning] = None  # install_sps_table's decision (engine/rank_learning.py)
+    plan_digest: Optional[PlanDigest] = None  # under TP: this rank's digest of its verify layouts (the worker sets it)
     _learn_online = False  # what step records teach may change the budget (only where one rank decides alone)
 
     def __init__(self, **kwargs) -> None:
@@ -299,7 +303,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
     def enable_draft_gate(self, mode: str) -> None:
         self.draft_gate = make_draft_gate(mode)
         # The lookup rides on the gate: a step the gate plans is where a source is chosen per request.
-        self.lookup = LookupSource.from_env(self.gamma)
+        self.lookup = LookupSource.from_env(self.gamma, on_host=str(self.model_runner.device).startswith("cpu"))
         if self.lookup is not None:
             get_admission_stats().set_lookup(self.lookup.summary)
         # Read when /server_info or the metrics ask, not rebuilt on every decode step.
@@ -338,7 +342,9 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             )
         proposed = self._propose(batch)
         decision = self._decide(survival, batch.batch_size(), proposed)
-        self._decided_in_prepare = (draft_input, decision, survival, proposed)
+        launch = getattr(batch, LAUNCH_ATTRIBUTE, None)
+        self._decided_in_prepare = (draft_input, decision, survival, proposed,
+                                    launch is not None and launch.overlap_given_up)
         if not decision.draft:
             budget = 0
         else:  # no resolved confidences: upstream's budget (None)
@@ -359,14 +365,16 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         decided, self._decided_in_prepare = self._decided_in_prepare, None
         if self.draft_gate is None or batch.has_grammar:
             return DRAFTED
+        overlap_given_up = False
         if decided is not None and decided[0] is batch.spec_info:
-            _, decision, survival, proposed = decided
+            _, decision, survival, proposed, overlap_given_up = decided
         else:
             survival = self._sync_survival(batch)
             proposed = self._propose(batch)
             decision = self._decide(survival, len(batch.seq_lens), proposed)
         plan = StepPlan.decided(decision, compact_ok=compact_ok, plain_ok=plain_ok,
-                                lookup=self._lookup_rows(proposed, decision, survival))
+                                lookup=self._lookup_rows(proposed, decision, survival),
+                                overlap_given_up=overlap_given_up)
         if plan.lookup is not None:
             self._widen_verify_tier(batch, plan)
         self.compact_anchor_steps += int(plan.compact_anchor)
@@ -539,6 +547,9 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
 
     def schedule_layout(self, **kwargs):
         layout = super().schedule_layout(**kwargs)
+        if self.plan_digest is not None:  # under TP: what this rank laid out (engine/plan_digest.py)
+            self.plan_digest.fold(kind=self.step.plan.kind, num_requests=int(kwargs["req_pool_indices"].shape[0]),
+                                  budget=kwargs.get("budget"), layout=layout)
         # A window that verifies every draft token of every request is the uniform verify: hand it to upstream's
         # non-compact path (layout None, as upstream does past its captured grid), which skips the ragged packing and
         # the compact-to-strided scatter (a few percent of a tiny-model step on the CPU). The decision is the admission
@@ -557,8 +568,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         plan = self.step.plan
         if not plan.draft:  # no draft this step: the anchors, plus the lookup chains chosen on the host
             self.last_confidence = None
-            if plan.lookup is not None:
-                return (1 + plan.lookup.lengths).to(device=device, dtype=torch.int32)
+            if plan.lookup is not None:  # built on the host: pinned and copied without blocking (no host sync)
+                return to_device((1 + plan.lookup.lengths).to(torch.int32), device)
             return torch.ones(int(req_pool_indices.shape[0]), dtype=torch.int32, device=device)
         verify_lens = None
         if self._budget_planner is not None:

@@ -51,13 +51,16 @@ class StepPlan:
     runs as SGLang's own decode step (``plain_decode``, engine/plain_step/plain_decode_step.py) where the target is eager too.
     ``decision``: the draft gate's (None: no gate on this server, or not a gated step). ``lookup``: the rows that
     verify a lookup chain instead of the draft's (None: none); a step with lookup rows verifies through upstream's
-    ragged path, never anchor-only."""
+    ragged path, never anchor-only. ``overlap_given_up``: the scheduler processed the previous result before launching
+    this step, for the lookup's current tokens (``patches/lookup_current_tokens.py``; its cost is learned from the
+    step's record)."""
 
     draft: bool = True
     compact_anchor: bool = False
     plain_decode: bool = False
     decision: Optional[GateDecision] = None
     lookup: Optional[LookupPlan] = None
+    overlap_given_up: bool = False
 
     def __post_init__(self) -> None:
         if self.draft and (self.compact_anchor or self.plain_decode):
@@ -69,17 +72,19 @@ class StepPlan:
 
     @classmethod
     def decided(cls, decision: Optional[GateDecision], *, compact_ok: bool, plain_ok: bool,
-                lookup: Optional[LookupPlan] = None) -> "StepPlan":
+                lookup: Optional[LookupPlan] = None, overlap_given_up: bool = False) -> "StepPlan":
         """The plan of a step the gate decided (``compact_ok`` / ``plain_ok``: the batch qualifies for those paths;
         ``lookup``: its lookup rows, if any; a drafted decision whose every row takes the lookup runs no draft)."""
         if lookup is not None and not bool(lookup.rows.any()):
             lookup = None
         if lookup is not None:
             drafted = decision is None or decision.draft
-            return cls(draft=drafted and not bool(lookup.rows.all()), decision=decision, lookup=lookup)
+            return cls(draft=drafted and not bool(lookup.rows.all()), decision=decision, lookup=lookup,
+                       overlap_given_up=overlap_given_up)
         if decision is None or decision.draft:
-            return cls(decision=decision)
-        return cls(draft=False, compact_anchor=compact_ok, plain_decode=compact_ok and plain_ok, decision=decision)
+            return cls(decision=decision, overlap_given_up=overlap_given_up)
+        return cls(draft=False, compact_anchor=compact_ok, plain_decode=compact_ok and plain_ok, decision=decision,
+                   overlap_given_up=overlap_given_up)
 
     @property
     def kind(self) -> str:

@@ -45,6 +45,11 @@ class StepRecord:
     gate_choice: Optional[object] = None
     # The step plan's lookup rows (engine/step_plan.LookupPlan; None: no row verified a lookup chain).
     lookup: Optional[object] = None
+    # The device's idle time between the previous decode step's end and this one's start (None: not timed, e.g. the
+    # first step, or a prefill ran in between); what giving up the overlap costs shows here (profiler/overlap_gap.py).
+    gap_seconds: Optional[float] = None
+    # The scheduler ran the previous result before launching this step (patches/lookup_current_tokens.py).
+    overlap_given_up: bool = False
 
 
 def pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -117,28 +122,37 @@ class _PendingCopy:
     """Non-blocking device→pinned-host copies of one step plus the events that say when they (and the step) ended."""
 
     def __init__(self, tensors: dict, started_event, ended_event, default_verify_len: int, copy_to_host,
-                 make_event, drafted: bool = True, gate_choice=None, lookup=None) -> None:
+                 make_event, drafted: bool = True, gate_choice=None, lookup=None, previous_ended_event=None,
+                 overlap_given_up: bool = False) -> None:
         self.host = {name: (copy_to_host(t) if t is not None else None) for name, t in tensors.items()}
-        self.host.update(drafted=drafted, gate_choice=gate_choice, lookup=lookup)
+        self.host.update(drafted=drafted, gate_choice=gate_choice, lookup=lookup, overlap_given_up=overlap_given_up)
         self.copied = make_event(False)
         self.started_event = started_event
         self.ended_event = ended_event
+        self.previous_ended_event = previous_ended_event
         self.default_verify_len = default_verify_len
 
     def ready(self) -> bool:
         return self.copied.query()
 
     def to_record(self) -> StepRecord:
-        seconds = None
+        seconds = gap = None
         if self.started_event is not None and self.ended_event.query():
-            try:
-                seconds = self.started_event.elapsed_time(self.ended_event) / 1e3
-            except RuntimeError:  # an event type without timing on this device: the step's lengths still count
-                seconds = None
-        return _record_from_host(self.host, seconds, self.default_verify_len)
+            seconds = _elapsed(self.started_event, self.ended_event)
+            if self.previous_ended_event is not None:
+                gap = _elapsed(self.previous_ended_event, self.started_event)
+        return _record_from_host(self.host, seconds, self.default_verify_len, gap)
 
 
-def _record_from_host(host: dict, seconds: Optional[float], default_verify_len: int) -> StepRecord:
+def _elapsed(start, end) -> Optional[float]:
+    try:
+        return start.elapsed_time(end) / 1e3
+    except RuntimeError:  # an event type without timing on this device: the step's lengths still count
+        return None
+
+
+def _record_from_host(host: dict, seconds: Optional[float], default_verify_len: int,
+                      gap_seconds: Optional[float] = None) -> StepRecord:
     commit_lens = host["accept_lens"].tolist()
     cap_lens = host.get("cap_lens")
     verify_lens = cap_lens.tolist() if cap_lens is not None else [default_verify_len] * len(commit_lens)
@@ -147,7 +161,8 @@ def _record_from_host(host: dict, seconds: Optional[float], default_verify_len: 
         confidence = confidence.float()
     return StepRecord(verify_lens=verify_lens, commit_lens=commit_lens, confidence=confidence, seconds=seconds,
                       drafted=bool(host.get("drafted", True)), gate_choice=host.get("gate_choice"),
-                      lookup=host.get("lookup"))
+                      lookup=host.get("lookup"), gap_seconds=gap_seconds,
+                      overlap_given_up=bool(host.get("overlap_given_up", False)))
 
 
 class StepRecorder:
@@ -174,6 +189,7 @@ class StepRecorder:
         self._clock = clock
         self._pending: collections.deque[_PendingCopy] = collections.deque()
         self._started: object = None
+        self._previous_ended: object = None  # the last decode step's end (clock or event); None after another step
 
     def start(self) -> None:
         if self.on_host or self.synchronous:
@@ -181,23 +197,31 @@ class StepRecorder:
         else:
             self._started = self._make_event(True)
 
+    def interrupt(self) -> None:
+        """A step that is not a recorded decode step ran (a prefill): the next decode step's gap is not timed."""
+        self._previous_ended = None
+
     def finish(self, *, accept_lens, cap_lens, confidence, default_verify_len: int,
-               drafted: bool = True, gate_choice=None, lookup=None) -> list[StepRecord]:
+               drafted: bool = True, gate_choice=None, lookup=None, overlap_given_up: bool = False
+               ) -> list[StepRecord]:
         tensors = {"accept_lens": accept_lens, "cap_lens": cap_lens, "confidence": confidence}
         if confidence is not None and confidence.shape[0] != accept_lens.shape[0]:
             tensors["confidence"] = None  # scheduled for another batch (composition changed): not this step's
         if self.on_host or self.synchronous:
             # Blocking reads first, then the clock: without device events the step ends when its results landed.
             host = {k: (v.detach().to("cpu") if v is not None else None) for k, v in tensors.items()}
-            seconds = self._clock() - self._started
-            host.update(drafted=drafted, gate_choice=gate_choice, lookup=lookup)
-            return [_record_from_host(host, seconds, default_verify_len)]
+            ended = self._clock()
+            gap = self._started - self._previous_ended if self._previous_ended is not None else None
+            self._previous_ended = ended
+            host.update(drafted=drafted, gate_choice=gate_choice, lookup=lookup, overlap_given_up=overlap_given_up)
+            return [_record_from_host(host, ended - self._started, default_verify_len, gap)]
         ended = self._make_event(True)
         self._pending.append(
             _PendingCopy({k: (v.detach() if v is not None else None) for k, v in tensors.items()},
                          self._started, ended, default_verify_len, self._copy_to_host, self._make_event, drafted,
-                         gate_choice, lookup)
+                         gate_choice, lookup, self._previous_ended, overlap_given_up)
         )
+        self._previous_ended = ended
         ready = []
         while self._pending and self._pending[0].ready():
             ready.append(self._pending.popleft().to_record())

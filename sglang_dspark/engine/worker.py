@@ -46,6 +46,7 @@ from sglang_dspark.engine.plain_step.pending_context_kv import PendingContextKv
 from sglang_dspark.engine.plain_step.plain_decode_step import plain_decode_eligible, run_plain_decode_step
 from sglang_dspark.engine.step_plan import DRAFTED, CurrentStep, StepPlan
 from sglang_dspark.engine.step_record import StepRecorder
+from sglang_dspark.engine.to_device import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -99,13 +100,6 @@ class GatedDraftBlockProposer(DraftBlockProposer):
         )
 
 
-def to_device(host: torch.Tensor, device) -> torch.Tensor:
-    """A host tensor on ``device`` with the step's other inputs: pinned and copied without blocking off the CPU."""
-    if torch.device(device).type == "cpu":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
-
-
 def with_lookup_rows(proposal: DraftProposal, lookup, device) -> DraftProposal:
     """A drafted step's proposal with the lookup rows' chains in place of the draft's: their tokens, a point-mass
     draft distribution (logits -inf but at the chain's token, so the sampled accept's q is one-hot), and their
@@ -117,9 +111,13 @@ def with_lookup_rows(proposal: DraftProposal, lookup, device) -> DraftProposal:
     draft_tokens = torch.where(rows[:, None], tokens, block.draft_tokens)
     corrected = block.corrected_logits
     if corrected is not None and not block.greedy_draft:
-        point_mass = torch.full_like(corrected, float("-inf"))
-        point_mass.scatter_(-1, draft_tokens.unsqueeze(-1).to(torch.int64), 0.0)
-        corrected = torch.where(rows[:, None, None], point_mass, corrected)
+        # Only the lookup rows' [n, γ, V] point masses are built (row indices from the host plan: no device read),
+        # then copied over those rows: one full-size copy of the logits, not two.
+        index = to_device(lookup.rows.nonzero().squeeze(-1), device)
+        point_mass = torch.full((index.shape[0], *corrected.shape[1:]), float("-inf"), dtype=corrected.dtype,
+                                device=corrected.device)
+        point_mass.scatter_(-1, draft_tokens.index_select(0, index).unsqueeze(-1).to(torch.int64), 0.0)
+        corrected = corrected.index_copy(0, index, point_mass)
     confidence = proposal.confidence
     if confidence is not None:
         estimates = to_device(lookup.conditional, device).to(confidence.dtype)
@@ -196,6 +194,18 @@ class DSparkWorker(DSparkWorkerV2):
         if self._hosts_draft:
             self._verify_planner.install_sps_table()
             self._install_draft_gate()
+            self._install_plan_digest()
+
+    def _install_plan_digest(self) -> None:
+        """Under TP: this rank's digest of the verifies it lays out, logged when the scheduler idles
+        (engine/plan_digest.py)."""
+        from sglang.srt.runtime_context import get_parallel
+
+        from sglang_dspark.engine.plan_digest import plan_digest_for
+        from sglang_dspark.engine.rank_learning import parallel_facts
+
+        tp_size = parallel_facts(get_parallel()).tp_size
+        self._verify_planner.plan_digest = plan_digest_for(tp_size, get_parallel().tp_rank if tp_size > 1 else 0)
 
     def _install_draft_gate(self) -> None:
         mode = envs.DRAFT_GATE.get()
@@ -256,6 +266,7 @@ class DSparkWorker(DSparkWorkerV2):
             self._step_recorder.start()
         elif self._hosts_draft:
             self._flush_context_kv()  # a prefill injects into draft KV, and may reuse a slot a held row names
+            self._step_recorder.interrupt()  # the next decode step's gap includes this forward: not timed
         with self._step.running(plan):
             result = super().forward_batch_generation(
                 batch, on_publish, grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
@@ -270,6 +281,7 @@ class DSparkWorker(DSparkWorkerV2):
                 drafted=plan.draft,
                 gate_choice=plan.choice,
                 lookup=plan.lookup,
+                overlap_given_up=plan.overlap_given_up,
             ):
                 self._verify_planner.observe_step(record)
         return result

@@ -1,9 +1,16 @@
 """The lookup indices of the running requests, and one step's proposals for a batch (pure Python/torch).
 
-A request's index (``index.ContextIndex``) is built from its prompt at its first decode step and extended by the
-tokens committed since on every later one; a finished request's index is dropped when a batch no longer lists it
-(:meth:`LookupBook.retain`), so memory is bounded by the running requests' contexts. A request whose token list is
-shorter than what was indexed (a retraction that dropped outputs) is re-indexed from scratch.
+A request's index (``index.ContextIndex``) is built from its prompt, starting at its first decode step, and extended
+by the tokens committed since on every later one; a finished request's index is dropped when a batch no longer lists it
+(:meth:`LookupBook.retain`), so memory is bounded by the running requests' contexts, each cut to the window of
+``index.IndexLimits``. A request whose token list is shorter than what was indexed (a retraction that dropped
+outputs) is re-indexed from scratch.
+
+Indexing is budgeted per call (:meth:`LookupBook.propose`, :meth:`LookupBook.any_match`; a decode step makes at most
+one of each). A request with at most ``keep_up_tokens`` pending (a step's commits, and the tokens they pushed out of
+the window) is always brought up to date, as before; the others (a long new prompt) share ``tokens_per_call`` tokens
+per call, fewest pending first, so a long prompt is indexed over several steps and no step pays for all of it. A
+request that has not caught up gets no proposal and counts as no match.
 
 Proposals are read from the tokens the scheduler holds on the host: they are current on a step that runs after the
 previous result was processed (``patches/lookup_current_tokens.py``); where they are not, a proposal may be off by a
@@ -13,11 +20,11 @@ step and is rejected by the verify, never accepted wrongly (the verify checks ev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from sglang_dspark.lookup.index import ContextIndex, LookupProposal
+from sglang_dspark.lookup.index import ContextIndex, IndexLimits, LookupProposal
 
 DEFAULT_MIN_NGRAM = 2
 DEFAULT_MAX_NGRAM = 6
@@ -45,26 +52,21 @@ class BatchProposals:
 
 
 class LookupBook:
-    def __init__(self, *, min_ngram: int = DEFAULT_MIN_NGRAM, max_ngram: int = DEFAULT_MAX_NGRAM) -> None:
-        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+    def __init__(self, *, min_ngram: int = DEFAULT_MIN_NGRAM, max_ngram: int = DEFAULT_MAX_NGRAM,
+                 limits: IndexLimits = IndexLimits()) -> None:
+        self.min_ngram, self.max_ngram, self.limits = min_ngram, max_ngram, limits
         self._indices: dict[str, ContextIndex] = {}
+        self.last_call_tokens = 0  # tokens indexed or dropped by the latest propose / any_match / index_for call
 
     def __len__(self) -> int:
         return len(self._indices)
 
-    def index_for(self, rid: str, prompt: Sequence[int], output: Sequence[int]) -> ContextIndex:
-        """``rid``'s index, brought up to ``prompt + output`` (the request's tokens as the scheduler holds them)."""
-        index = self._indices.get(rid)
-        known = len(prompt) + len(output)
-        if index is None or len(index) > known:
-            index = ContextIndex(min_ngram=self.min_ngram, max_ngram=self.max_ngram)
-            self._indices[rid] = index
-        indexed = len(index)
-        if indexed < len(prompt):
-            index.extend(prompt[indexed:])
-            index.extend(output)
-        elif indexed < known:
-            index.extend(output[indexed - len(prompt):])
+    def index_for(self, rid: str, prompt: Sequence[int], output: Sequence[int],
+                  budget: Optional[int] = None) -> ContextIndex:
+        """``rid``'s index, brought up to ``prompt + output`` (the request's tokens as the scheduler holds them) within
+        ``budget`` tokens of indexing (None: all; see ``ContextIndex.caught_up``)."""
+        index = self._appended(rid, prompt, output)
+        self.last_call_tokens = index.catch_up(budget)
         return index
 
     def retain(self, rids: Iterable[str]) -> None:
@@ -76,15 +78,14 @@ class LookupBook:
     def propose(self, requests: Sequence[Optional[tuple[str, Sequence[int], Sequence[int]]]],
                 gamma: int) -> BatchProposals:
         """Proposals of up to ``gamma`` tokens for ``(rid, prompt, output)`` rows, in batch order (None: a row that
-        gets no proposal this step; its index is left as it is)."""
+        gets no proposal this step; its index is left as it is), indexed within one call's budget (module docstring)."""
         rows = len(requests)
         tokens = torch.zeros(rows, gamma, dtype=torch.int64)
         lengths = torch.zeros(rows, dtype=torch.int64)
         match_lens = torch.zeros(rows, dtype=torch.int64)
-        for row, request in enumerate(requests):
-            if request is None:
-                continue
-            proposal: Optional[LookupProposal] = self.index_for(*request).propose(gamma)
+        indexed = [(row, self._appended(*request)) for row, request in enumerate(requests) if request is not None]
+        for row, index in self._catch_up(indexed):
+            proposal: Optional[LookupProposal] = index.propose(gamma)
             if proposal is None:
                 continue
             count = len(proposal.tokens)
@@ -94,13 +95,47 @@ class LookupBook:
         return BatchProposals(tokens=tokens, lengths=lengths, match_lens=match_lens)
 
     def has_match(self, rid: str, prompt: Sequence[int], output: Sequence[int]) -> bool:
-        """Whether ``rid``'s tail (as the scheduler holds it) recurs in its context."""
-        return self.index_for(rid, prompt, output).propose(1) is not None
-
+        """Whether ``rid``'s tail (as the scheduler holds it) recurs in its context (False until its index has caught
+        up; one call's budget of indexing)."""
+        return self.index_for(rid, prompt, output, self.limits.tokens_per_call).propose(1) is not None
 
     def any_match(self, reqs) -> bool:
-        """Whether any of SGLang's requests (``rid``, ``origin_input_ids``, ``output_ids``) has a tail that recurs."""
-        return any(self.has_match(req.rid, req.origin_input_ids, req.output_ids) for req in reqs)
+        """Whether any of SGLang's requests (``rid``, ``origin_input_ids``, ``output_ids``) has a tail that recurs
+        (stops at the first; one call's budget of indexing over the requests it looked at)."""
+        indexed = [(req.rid, self._appended(req.rid, req.origin_input_ids, req.output_ids)) for req in reqs]
+        return any(index.propose(1) is not None for _, index in self._catch_up(indexed))
+
+    # ------------------------------------------------------------------ internals
+
+    def _appended(self, rid: str, prompt: Sequence[int], output: Sequence[int]) -> ContextIndex:
+        """``rid``'s index with ``prompt + output`` appended, not yet indexed (``ContextIndex.append``)."""
+        index = self._indices.get(rid)
+        known = len(prompt) + len(output)
+        if index is None or len(index) > known:
+            index = ContextIndex(min_ngram=self.min_ngram, max_ngram=self.max_ngram, window=self.limits.window)
+            self._indices[rid] = index
+        appended = len(index)
+        if appended < len(prompt):
+            index.append(prompt[appended:])
+            index.append(output)
+        elif appended < known:
+            index.append(output[appended - len(prompt):])
+        return index
+
+    def _catch_up(self, indexed: Iterable[tuple[object, ContextIndex]]) -> Iterator[tuple[object, ContextIndex]]:
+        """Index the ``(key, index)`` pairs within one call's budget (module docstring), fewest pending tokens first,
+        yielding each once it had its turn (a consumer that stops early leaves the rest as they are)."""
+        self.last_call_tokens = 0
+        left = self.limits.tokens_per_call
+        for key, index in sorted(indexed, key=lambda pair: pair[1].pending):
+            pending = index.pending
+            if pending <= self.limits.keep_up_tokens:  # a step's own commits and drops: never held back
+                self.last_call_tokens += index.catch_up()
+            else:
+                used = index.catch_up(left)
+                self.last_call_tokens += used
+                left -= used
+            yield key, index
 
 
 __all__ = ["BatchProposals", "LookupBook"]

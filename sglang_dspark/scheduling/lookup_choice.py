@@ -33,7 +33,7 @@ from sglang_dspark.scheduling.admission import (
 )
 from sglang_dspark.scheduling.cost_model import StepCostModel
 
-__all__ = ["CHAIN_MIN_GAIN", "draft_pays_beside_lookup", "lookup_conditionals", "lookup_lengths", "prefers_lookup",
+__all__ = ["CHAIN_MIN_GAIN", "chain_saving_seconds", "draft_pays_beside_lookup", "lookup_conditionals", "lookup_lengths", "prefers_lookup",
            "without_rows"]
 
 # A step verifies lookup chains only where they promise at least this much more throughput than the step without
@@ -126,3 +126,17 @@ def draft_pays_beside_lookup(lookup_conditional: torch.Tensor, draft_survival: O
     _, theta_lookup = _chosen_chains(lookup, cost_undrafted, CHAIN_MIN_GAIN)
     theta_drafted = _reachable_path_throughput(best, num_requests, cost_drafted, 0.0).max()
     return bool(theta_drafted > theta_lookup)
+
+
+def chain_saving_seconds(conditional: torch.Tensor, lengths: torch.Tensor, cost: Optional[StepCostModel]) -> Optional[float]:
+    """Seconds a step that verifies these chains is predicted to save against producing the same expected tokens with
+    steps that verify none: ``E / Θ_0 - t_K``, with ``E = R + Σ`` the chains' survivals (``conditional [R, γ]`` as
+    planned, 0 past each row's ``lengths``), ``Θ_0 = R · SPS(R, R)`` and ``t_K = 1 / SPS(R, R + Σ lengths)``. What a
+    wait for current tokens has to beat (``scheduling/current_tokens.py``); None without a cost (nothing known)."""
+    num_requests = int(conditional.shape[-2])
+    if cost is None or num_requests == 0:
+        return None
+    expected = num_requests + float(survival_probabilities(conditional).sum())
+    theta_plain = num_requests * float(cost.steps_per_second(num_requests, num_requests))
+    step_seconds = 1.0 / float(cost.steps_per_second(num_requests, num_requests + int(lengths.sum())))
+    return expected / theta_plain - step_seconds

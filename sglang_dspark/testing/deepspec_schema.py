@@ -8,13 +8,14 @@ the config's key set is reconstructed from Qwen3-8B's config.json and DeepSpec's
 ``build_released_schema_pair(out_dir)`` builds, offline and in seconds, a random float32 Qwen3 target with a
 DSpark draft that has the same tensor names, the same config keys and the same size-independent values
 (5 draft layers, block 7, vanilla Markov head, confidence head fed by the Markov code, embed/lm_head copies
-stored), only with smaller sizes: a stand-in for the 16 GB pair in tests.
+stored), only with smaller sizes: a stand-in for the 16 GB pair in tests. ``sizes=SMOKE_SIZES`` builds it at the
+released head dim 128 (what FlashInfer and FA3 serve; ``scripts/gpu_smoke.sh``'s default pair).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Mapping, Optional
 
 from sglang_dspark.testing.tiny_pair import TinyPair, build_tiny_pair, expected_draft_tensor_shapes
 
@@ -79,6 +80,18 @@ REDUCED_SIZES = {
     "markov_rank": 64,
 }
 
+# The same reduced pair at the released head dim (128), for ``scripts/gpu_smoke.sh``: FlashInfer's FA2 prefill marks
+# every kernel with head dim < 64 invalid (so at head dim 32 no flashinfer server starts) and upstream FA3 runs 32 in
+# its 64 kernel, not the one a real pair runs. Head dim 128 with GQA 4:1 is Qwen3-8B's attention shape, so the smoke
+# runs the attention kernels the released pair runs; hidden = heads * head_dim as above. Tests that serve on the CPU
+# keep ``REDUCED_SIZES`` (a quarter of the hidden size).
+SMOKE_SIZES = {
+    **REDUCED_SIZES,
+    "hidden_size": 512,
+    "head_dim": 128,
+    "intermediate_size": 1536,
+}
+
 
 def deepspec_target_layer_ids(num_target_layers: int, num_draft_layers: int = 5) -> List[int]:
     """z-lab's build_target_layer_ids, which DeepSpec's Qwen3 configs follow: spread from layer 1 to L - 3."""
@@ -94,8 +107,14 @@ def released_tensor_shapes() -> Dict[str, tuple]:
     return expected_draft_tensor_shapes(RELEASED_QWEN3_8B_BLOCK7_CONFIG)
 
 
-def build_released_schema_pair(out_dir: Path, seed: int = 0, force: bool = False) -> TinyPair:
+def build_released_schema_pair(out_dir: Path, seed: int = 0, force: bool = False,
+                               sizes: Optional[Mapping[str, int]] = None) -> TinyPair:
+    """The reduced released-schema pair (``sizes``: ``REDUCED_SIZES`` by default, ``SMOKE_SIZES`` for the GPU
+    smoke; any mapping with the same keys)."""
     released = RELEASED_QWEN3_8B_BLOCK7_CONFIG
+    sizes = dict(REDUCED_SIZES if sizes is None else sizes)
+    if set(sizes) != set(REDUCED_SIZES):
+        raise ValueError(f"sizes must have exactly the keys {sorted(REDUCED_SIZES)}, got {sorted(sizes)}")
     num_draft_layers = released["num_hidden_layers"]
     return build_tiny_pair(
         out_dir,
@@ -105,9 +124,9 @@ def build_released_schema_pair(out_dir: Path, seed: int = 0, force: bool = False
         rope_theta=float(QWEN3_8B_TARGET_CONFIG["rope_theta"]),
         num_draft_layers=num_draft_layers,
         block_size=released["block_size"],
-        target_layer_ids=tuple(deepspec_target_layer_ids(REDUCED_SIZES["num_layers"], num_draft_layers)),
+        target_layer_ids=tuple(deepspec_target_layer_ids(sizes["num_layers"], num_draft_layers)),
         markov_head_type=released["markov_head_type"],
         confidence_head=released["enable_confidence_head"],
         confidence_head_with_markov=released["confidence_head_with_markov"],
-        **REDUCED_SIZES,
+        **sizes,
     )

@@ -112,6 +112,7 @@ def counter_delta(after: dict, before: dict) -> dict:
         "steps": {k: after["steps"][k] - before["steps"].get(k, 0) for k in after["steps"]},
         **{source: {k: after[source][k] - before[source][k] for k in ("rows", "verified", "accepted")}
            for source in ("lookup", "draft")},
+        "overlap_given_up_steps": after["overlap_given_up_steps"] - before["overlap_given_up_steps"],
     }
 
 
@@ -266,6 +267,10 @@ def test_forced_lookup_greedy_equals_nospec(mode, concurrency, nospec, request, 
     assert lookup["rows"] > 0 and lookup["accepted"] > 0, counters
     assert lookup["accepted"] < lookup["verified"], counters
     assert steps["lookup"] + steps["mixed"] > 0, counters
+    if concurrency > 1:
+        # Rows were anchored by the scheduler's launch facts and committed lengths (the path fa3's overlap scheduler
+        # takes, engine/lookup_source.current_rows): batches waited for current tokens, and those are what proposed.
+        assert counters["overlap_given_up_steps"] > 0, counters
     if mode == "forced":  # and no draft at all
         assert steps["drafted"] == steps["mixed"] == 0 and counters["draft"]["rows"] == 0, counters
 

@@ -9,9 +9,10 @@ import msgspec
 import pytest
 import torch
 
-from sglang_dspark.engine.lookup_source import LookupSource
+from sglang_dspark.engine.lookup_source import LookupSource, current_rows
 from sglang_dspark.lookup.active import active_lookup
 from sglang_dspark.engine.step_record import StepRecord
+from sglang_dspark.scheduling.current_tokens import LAUNCH_ATTRIBUTE, BatchLaunch
 from sglang_dspark.scheduling.draft_gate import FlatCost
 
 GAMMA = 4
@@ -226,3 +227,113 @@ def test_greedy_and_sampled_rows_plan_and_learn_with_their_own_class():
                                   confidence=None, seconds=0.2, drafted=False, lookup=plan))
     plan = _plan(source, _batch([greedy, warm]), drafted=False, draft_survival=None, cost=None)
     assert bool((plan.conditional[0] > 0.9).all()) and float(plan.conditional[1, 0]) < 0.1
+
+
+def _overlap_batch(reqs, *, tokens_current=True, overlap_given_up=False, block=8):
+    """A decode batch as SGLang builds it on fa3, fa4, trtllm or triton under the overlap scheduler: no host sequence
+    lengths (``resolve_seq_lens_cpu`` sets them to None), the spec info's host lengths the KV reservation
+    (committed + two blocks), each request's committed KV length on the host (``req.kv``), and the launch facts of
+    patches/lookup_current_tokens.py."""
+    for req in reqs:
+        if not hasattr(req, "kv"):
+            req.kv = SimpleNamespace(kv_committed_len=len(req.origin_input_ids) + len(req.output_ids) - 1)
+    reservation = [r.kv.kv_committed_len + 2 * block for r in reqs]
+    batch = SimpleNamespace(reqs=reqs, seq_lens_cpu=None, spec_info=SimpleNamespace(nxt_kv_lens_cpu=reservation))
+    setattr(batch, LAUNCH_ATTRIBUTE, BatchLaunch(tokens_current=tokens_current, overlap_given_up=overlap_given_up))
+    return batch
+
+
+def test_a_batch_built_like_fa3_s_overlap_path_gets_proposals_from_committed_lengths():
+    source = LookupSource(GAMMA)
+    batch = _overlap_batch([_req("a", REPEATING.origin_input_ids, REPEATING.output_ids), FRESH])
+    plan = _plan(source, batch, drafted=False, draft_survival=None, cost=FlatCost(1.0))
+    assert plan is not None and plan.lengths.tolist() == [4, 0] and plan.tokens[0].tolist() == [8, 9, 5, 6]
+    # The reservation is never an anchor: without the launch facts and host lengths, nothing is current.
+    bare = SimpleNamespace(reqs=batch.reqs, seq_lens_cpu=None, spec_info=batch.spec_info)
+    assert current_rows(bare, bare.reqs) == [False, False] and source.propose(bare) is None
+    # Tokens a step behind: a result was still queued at the launch, or the host holds fewer than committed + 1.
+    assert source.propose(_overlap_batch(batch.reqs, tokens_current=False)) is None
+    behind = _req("c", REPEATING.origin_input_ids, REPEATING.output_ids)
+    behind.kv = SimpleNamespace(kv_committed_len=len(REPEATING.origin_input_ids) + len(REPEATING.output_ids))
+    assert current_rows(_overlap_batch([behind]), [behind]) == [False]
+
+
+def test_waits_that_bring_no_chain_teach_the_policy_to_keep_the_overlap():
+    """A fa3-like batch whose tail recurs but proposes nothing current (its request is a step behind the KV) gives up
+    the overlap while nothing is known; after ``patience`` such waits matched batches keep it (one in patience
+    still waits), although no step ever had a proposal."""
+    source = LookupSource(GAMMA)
+    behind = _req("c", REPEATING.origin_input_ids, REPEATING.output_ids)
+    behind.kv = SimpleNamespace(kv_committed_len=0)  # never equal to the held tokens - 1
+    patience = source.current_tokens.patience
+    for _ in range(patience):
+        assert source.needs_current_tokens([behind])
+        assert source.propose(_overlap_batch([behind], overlap_given_up=True)) is None
+    asked = [source.needs_current_tokens([behind]) for _ in range(2 * patience)]
+    assert asked.count(True) == 2 and source.summary()["overlap_kept_at"] == [1]
+    assert source.summary()["overlap_given_up_steps"] == patience
+
+
+def test_a_gpu_wait_that_costs_more_than_the_chains_save_keeps_the_overlap():
+    """On a device (``on_host=False``) the wait costs the gap prior until the step records time it; chains whose
+    predicted saving is below it stop the waits. On the host the same chains keep them (a free wait)."""
+    rows = [_req(f"r{i}", REPEATING.origin_input_ids, REPEATING.output_ids) for i in range(2)]
+    choice = dict(drafted=False, draft_survival=None, cost=FlatCost(0.002))  # a 2 ms step whatever it verifies
+
+    def run(on_host):
+        source = LookupSource(GAMMA, on_host=on_host)
+        for _ in range(16):
+            plan = _plan(source, _overlap_batch(rows, overlap_given_up=True), **choice)
+            assert plan is not None
+            _verify(source, plan, accepted_per_row=0)  # every chain rejected: the estimate falls, the saving too
+        # Still verified every step (a free verify pays for any chain), but saving under 1 ms a step by now.
+        assert 0 < source.summary()["chain_saving_ms"][2] < 1.0 and source.summary()["overlap_kept_at"] in ([], [2])
+        return source
+
+    assert all(run(True).needs_current_tokens(rows) for _ in range(8))
+    gpu = run(False)
+    assert gpu.overlap_gap.seconds(2) > 1e-3  # the prior: nothing timed yet
+    assert [gpu.needs_current_tokens(rows) for _ in range(16)].count(True) == 1
+
+
+def test_the_records_teach_the_gap_the_wait_costs():
+    source = LookupSource(GAMMA, on_host=False)
+    plain = dict(verify_lens=[1, 1], commit_lens=[1, 1], confidence=None, seconds=0.01, drafted=False)
+    for _ in range(8):
+        source.observe(StepRecord(**plain, gap_seconds=0.004, overlap_given_up=True))
+        source.observe(StepRecord(**plain, gap_seconds=0.001))
+        source.observe(StepRecord(**plain, gap_seconds=None))  # not timed: not counted
+    assert source.overlap_gap.seconds(2) == pytest.approx(0.003)
+    assert source.summary()["overlap_gap"][2] == {"ms": 3.0, "learned": True, "samples": [8, 8]}
+
+
+def test_a_lookup_only_step_s_verify_lengths_reach_the_device_without_a_host_sync(monkeypatch):
+    """Issue #46: the lengths of a step without the draft are built on the host; their copy to the device is pinned and
+    non-blocking (a pageable ``.to(device)`` is a copy plus a stream synchronize). ``meta`` stands in for the device."""
+    pytest.importorskip("sglang")
+    from sglang_dspark.engine.planner import AdmissionVerifyPlanner
+    from sglang_dspark.engine.step_plan import CurrentStep, StepPlan
+
+    copies = []
+    real_to = torch.Tensor.to
+
+    def pinned(self):
+        pinned_tensor = self.clone()
+        pinned_tensor.is_pinned_for_test = True
+        return pinned_tensor
+
+    def to(self, *args, **kwargs):
+        if args and str(args[0]) == "meta":
+            copies.append((getattr(self, "is_pinned_for_test", False), kwargs.get("non_blocking", False)))
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pinned)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    source = LookupSource(GAMMA)
+    lookup = _plan(source, _batch([REPEATING, FRESH]), drafted=False, draft_survival=None, cost=FlatCost(1.0))
+    planner = SimpleNamespace(step=CurrentStep(), last_confidence=None)
+    planner.step.plan = StepPlan(draft=False, lookup=lookup)
+    lens = AdmissionVerifyPlanner._schedule_verify_lens(planner, req_pool_indices=torch.zeros(2), prefix_lens=None,
+                                                        device="meta", confidence=None, budget=0)
+    assert lens.device.type == "meta" and lens.dtype == torch.int32 and lens.shape == (2,)
+    assert copies == [(True, True)]

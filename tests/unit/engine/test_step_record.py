@@ -85,6 +85,41 @@ def test_cpu_step_is_read_at_once():
     assert torch.equal(record.confidence, confidence)
 
 
+def test_the_gap_before_a_step_is_timed_between_consecutive_decode_steps_without_sync():
+    """Device: the previous step's end event to this step's start event, read when the record lands (no wait); a
+    prefill in between (``interrupt``) leaves the next gap untimed. The overlap flag rides along."""
+    landed = [torch.tensor([1])] * 8
+    recorder, clock = device_recorder(landed)
+    records = []
+    for start, end, interrupt, waited in [(0.000, 0.010, False, False), (0.012, 0.020, False, True),
+                                          (0.030, 0.040, True, False)]:
+        if interrupt:
+            recorder.interrupt()
+        clock["now"] = start
+        recorder.start()
+        clock["now"] = end
+        records += recorder.finish(accept_lens=meta([0]), cap_lens=None, confidence=None, default_verify_len=8,
+                                   overlap_given_up=waited)
+        for event in clock["events"]:
+            event.done = True
+    recorder.start()
+    records += recorder.finish(accept_lens=meta([0]), cap_lens=None, confidence=None, default_verify_len=8)
+    assert [r.gap_seconds for r in records[:3]] == [None, pytest.approx(0.002), None]
+    assert [r.overlap_given_up for r in records[:3]] == [False, True, False]
+
+
+def test_cpu_gap_is_the_host_time_between_steps():
+    ticks = iter([1.0, 1.25, 1.5, 1.75])
+    recorder = StepRecorder("cpu", clock=lambda: next(ticks))
+    gaps = []
+    for _ in range(2):
+        recorder.start()
+        (record,) = recorder.finish(accept_lens=torch.tensor([1]), cap_lens=None, confidence=None,
+                                    default_verify_len=3, overlap_given_up=True)
+        gaps.append(record.gap_seconds)
+    assert gaps == [None, pytest.approx(0.25)] and record.overlap_given_up
+
+
 def test_confidence_of_another_batch_is_not_attributed():
     recorder = StepRecorder("cpu")
     recorder.start()

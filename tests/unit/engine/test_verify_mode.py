@@ -840,6 +840,15 @@ def test_explain_shows_where_prompt_lookup_runs(draft, clean_env, monkeypatch):
 
     single = explain(_argv(draft()), None, "H100")
     assert single["prompt_lookup"].startswith("on: per request") and "overlap" in single["prompt_lookup"]
+    # Issue #46: on fa3 (H100's default) rows are anchored on committed lengths, and the wait has a stated cost.
+    assert "fa3 publishes no host sequence lengths" in single["prompt_lookup"]
+    assert "1 ms + 25 us per request" in single["prompt_lookup"] and "without blocking" in single["prompt_lookup"]
+    flashinfer = explain(_argv(draft(), "--attention-backend", "flashinfer"), None, "H100")["prompt_lookup"]
+    assert "publishes no host" not in flashinfer and "committed lengths" in flashinfer
+    sync = explain(_argv(draft(), "--disable-overlap-schedule"), None, "H100")["prompt_lookup"]
+    assert "always current" in sync and "waits for the previous result" not in sync
+    cpu = explain(_argv(draft()), "cpu", None)["prompt_lookup"]
+    assert "costs no device time" in cpu
     tp = explain(_argv(draft(), "--tp-size", "2"), None, "H100")
     assert tp["prompt_lookup"].startswith("off: the draft gate is off where ranks must agree")
     static = explain(_argv(draft()), None, "A100", ragged_self_check="fail")

@@ -3,7 +3,10 @@
 * ``engine``: the request engine and per-level metrics, on SGLang's own ``sglang.benchmark.serving`` (streaming
   OpenAI chat client, arrivals, metric maths); shared with ``benchmarks/serve_side_by_side.py``.
 * ``prompts``: the built-in chat set, JSONL and ShareGPT files, split so no prompt repeats across levels.
-* ``report``: JSON, the frontier PNG, the Markdown table.
+* ``slo``: the capacity maths, pure: SLOs, goodput and attainment, the bootstrap interval of a ratio over rounds,
+  the max-load search's decisions.
+* ``report``: JSON, the frontier and goodput PNGs, the Markdown tables (ratios with intervals, goodput, users per
+  server).
 * ``runner``: configurations, launching servers one after another, URL checks, the command line.
 """
 

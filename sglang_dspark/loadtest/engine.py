@@ -391,11 +391,24 @@ def _reason_delta(after: dict | None, before: dict | None) -> dict | None:
     return {reason: count for reason, count in delta.items() if count}
 
 
+def request_timings(outputs: Sequence, rounds: Sequence[int] | None = None) -> dict[str, list]:
+    """Each request's TTFT, TPOT, end-to-end latency (ms), output tokens, success and round, as columns
+    (``slo.records_to_columns``): what goodput under any SLO is computed from, then or later (``--replot --slo``)."""
+    from sglang_dspark.loadtest import slo
+
+    rounds = list(rounds) if rounds is not None else [0] * len(outputs)
+    return slo.records_to_columns([
+        slo.RequestRecord.from_timings(bool(o.success), o.ttft, o.latency, o.output_len, r)
+        for o, r in zip(outputs, rounds)
+    ])
+
+
 class LevelRun:
     """One load level against one server, run in one or more rounds (the runner interleaves other servers' rounds
     between them): the server's admission counters are read before the first round and after the last, the rounds'
     request outputs are pooled and their durations add up, so the level's numbers are those of all its requests
-    over the time this server spent on them."""
+    over the time this server spent on them. Each round's tok/s and duration and each request's timings and round
+    (``request_timings``) are kept too: the intervals over rounds and goodput under an SLO are computed from them."""
 
     def __init__(self, base_url: str, snapshot_func: Callable[[], dict] | None = None) -> None:
         self.base_url = base_url
@@ -406,6 +419,8 @@ class LevelRun:
         # Each round's output tokens per second: rounds of different servers taking turns are close in time, so
         # their round-by-round ratios show how much of a level's ratio the machine's drift could move.
         self.round_tok_s: list[float] = []
+        self.round_durations: list[float] = []
+        self.output_rounds: list[int] = []  # the round (0-based) each output was sent in
 
     def run_round(self, prompts: Sequence[str], *, concurrency: int | None, max_tokens: int | Sequence[int],
                   request_rate: float = math.inf, temperature: float = 0.0, model: str = "default",
@@ -419,8 +434,10 @@ class LevelRun:
                 request_timeout=request_timeout, level_timeout=level_timeout, request_func=request_func, pbar=pbar,
             )
         )
+        self.output_rounds.extend([len(self.round_durations)] * len(outputs))
         self.outputs.extend(outputs)
         self.duration += duration
+        self.round_durations.append(duration)
         tokens = sum(output.output_len for output in outputs if output.success)
         self.round_tok_s.append(tokens / duration if duration > 0 else 0.0)
         return sum(1 for output in outputs if output.success)
@@ -429,6 +446,8 @@ class LevelRun:
         after = self.snapshot_func()
         result = level_metrics(self.outputs, self.duration, tokenizer)
         result["round_output_tok_s"] = list(self.round_tok_s)
+        result["round_duration_s"] = list(self.round_durations)
+        result["request_timings"] = request_timings(self.outputs, self.output_rounds)
         admission = admission_delta(self.before.get("dspark_admission"), after.get("dspark_admission"))
         if admission is not None:
             result["admission"] = admission

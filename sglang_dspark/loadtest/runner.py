@@ -23,11 +23,20 @@ Examples::
     python -m sglang_dspark.loadtest --url http://127.0.0.1:30000 --request-rate 0.5 1 2
     python -m sglang_dspark.loadtest --configs no-spec dspark --dataset sharegpt.json
     python -m sglang_dspark.loadtest --configs no-spec ngram dspark --dataset grounded   # answers that copy
+    python -m sglang_dspark.loadtest --configs no-spec no-spec-control dspark --slo ttft=2s,tpot=100ms --find-max-load
 
 Every level gets fresh prompts (never a prompt sent at an earlier level); every configuration gets the same
 prompts per level. Writes ``loadtest.json`` and ``frontier.png`` into ``--output-dir`` and prints a Markdown table
-with ratios against the first configuration (then, where a DSPARK server runs prompt lookup beside the draft, a
-table per proposal source: step kinds, each source's accept length, the lookup's planning cost).
+with ratios against the first configuration, each with its 95 % interval from the level's rounds (bootstrap over
+paired rounds; ▲ / ▼ where it excludes 1.0; ``--repeats`` for more rounds), then, where a DSPARK server runs
+prompt lookup beside the draft, a table per proposal source (step kinds, each source's accept length, the lookup's
+planning cost).
+
+Capacity (``slo``): ``--slo ttft=2s,tpot=100ms`` adds per level and configuration the share of requests that met
+every bound and the goodput (requests and output tokens per second of those requests), ``goodput.png``, and "users
+per server at this SLO" (the highest load whose share stays ≥ ``--slo-target``, 0.9 by default);
+``--find-max-load`` searches for that load: each configuration climbs the levels until its first miss, then
+``--search-steps`` halving steps between its last pass and first miss, interleaved like the levels.
 """
 
 from __future__ import annotations
@@ -48,7 +57,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import requests
 
-from sglang_dspark.loadtest import engine, prompts as prompt_sets, report
+from sglang_dspark.loadtest import engine, prompts as prompt_sets, report, slo
 
 DEFAULT_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
 MAX_CONCURRENCY = 1024
@@ -272,15 +281,20 @@ def _run_round(target: SweepTarget, run: "engine.LevelRun", level: dict, prompts
 
 def _finish_level(target: SweepTarget, run: "engine.LevelRun", level: dict, prompts: list[str], args) -> None:
     metrics = run.result(target.tokenizer)
-    target.entry["levels"].append({**level, "prompts": len(prompts), **metrics})
+    recorded = {**level, "prompts": len(prompts), **metrics}
+    if args.slo_spec is not None:  # what the max-load search decides on (report.add_slo recomputes it at the end)
+        recorded["slo"] = slo.level_goodput(slo.records_from_columns(metrics.get("request_timings")),
+                                            metrics.get("duration_s") or 0.0, args.slo_spec)
+    target.entry["levels"].append(recorded)
     if not args.quiet:
         cells = report.source_cells(metrics)
         sources = f" (lookup τ {cells['lookup_tau']}, draft τ {cells['draft_tau']})" if metrics.get("sources") else ""
+        met = f", SLO met {100 * recorded['slo']['attainment']:.0f} %" if "slo" in recorded else ""
         print(
             f"  {target.label} {report.level_key(level)}: {metrics.get('output_tok_s') or 0:.1f} tok/s, per-user "
             f"{metrics.get('per_user_tok_s') or 0:.1f} tok/s, accept "
             f"{metrics.get('accept_length') or float('nan'):.2f}{sources}, "
-            f"{metrics['completed']}/{metrics['requests']} ok",
+            f"{metrics['completed']}/{metrics['requests']} ok{met}",
             file=sys.stderr,
         )
 
@@ -293,11 +307,17 @@ def level_order(num_targets: int, level_index: int) -> list[int]:
 
 def level_rounds(args, level: dict, num_prompts: int) -> int:
     """How many rounds a level is split into. ``--rounds N``; by default (auto) rounds of at least two waves of
-    the level's concurrency (a round drains its requests before the next server's turn), at most 4 rounds."""
+    the level's concurrency (a round drains its requests before the next server's turn), at most 4 rounds. With
+    ``--repeats N`` the level holds N times the prompts (:func:`prompts_per_level`) and runs N times the rounds: the
+    same level repeated N times over, on fresh prompts each time, every repeat adding rounds to the intervals."""
+    repeats = max(1, getattr(args, "repeats", 1) or 1)
+    per_repeat = max(1, num_prompts // repeats)
     if args.rounds is not None:
-        return max(1, min(int(args.rounds), num_prompts))
-    concurrency = level.get("concurrency") or args.max_concurrency or 1
-    return max(1, min(4, num_prompts // (2 * concurrency)))
+        rounds = max(1, min(int(args.rounds), per_repeat))
+    else:
+        concurrency = level.get("concurrency") or args.max_concurrency or 1
+        rounds = max(1, min(4, per_repeat // (2 * concurrency)))
+    return min(rounds * repeats, num_prompts)
 
 
 def split_rounds(prompts: list[str], rounds: int) -> list[list[str]]:
@@ -306,31 +326,118 @@ def split_rounds(prompts: list[str], rounds: int) -> list[list[str]]:
     return [prompts[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
+def run_step(targets: list[SweepTarget], assignments: dict[int, tuple[dict, list[str]]], step_index: int, args,
+             request_func=None, snapshot_func=None) -> None:
+    """One step of a sweep: every target named in ``assignments`` (target index → its level and prompts) runs its
+    level in rounds, the rounds taking turns across the targets (round r of step s starts from target ``s + r``);
+    targets not named wait. A sweep gives every target the same level; a max-load search may give each its own.
+    A server that goes away keeps what it measured and its entry's ``error`` says why."""
+    chunks = {position: split_rounds(prompts, level_rounds(args, level, len(prompts)))
+              for position, (level, prompts) in assignments.items()}
+    runs: dict[int, engine.LevelRun] = {}
+    for round_index in range(max((len(c) for c in chunks.values()), default=0)):
+        for position in level_order(len(targets), step_index + round_index):
+            target = targets[position]
+            if position not in assignments or round_index >= len(chunks[position]) or target.entry.get("error"):
+                continue
+            level, prompts = assignments[position]
+            rounds = chunks[position]
+            round_label = f" round {round_index + 1}/{len(rounds)}" if len(rounds) > 1 else ""
+            if position not in runs:
+                runs[position] = engine.LevelRun(
+                    target.info.url, snapshot_func or (lambda url=target.info.url: engine.server_snapshot(url)))
+            reason = _run_round(target, runs[position], level, rounds[round_index], round_label, args, request_func)
+            if reason or round_index == len(rounds) - 1:
+                # Its last round (or it went away: what it measured stays): read its counters now.
+                _finish_level(target, runs.pop(position), level, prompts, args)
+            if reason:
+                tail = f"\n--- server log tail ---\n{target.server.log_tail(30)}" if target.server else ""
+                target.entry["error"] = reason + tail
+                print(f"[loadtest] {target.label}: {reason}", file=sys.stderr)
+
+
 def sweep_interleaved(targets: list[SweepTarget], levels: list[dict], level_prompts: list[list[str]], args,
                       request_func=None, snapshot_func=None) -> None:
     """Every level on every server before the next level, each level in rounds that take turns across the servers
     (module docstring); a server that went away keeps the levels it finished and gets no more (its entry's
     ``error`` says why)."""
     for index, (level, prompts) in enumerate(zip(levels, level_prompts)):
-        chunks = split_rounds(prompts, level_rounds(args, level, len(prompts)))
-        runs: dict[int, engine.LevelRun] = {}
-        for round_index, chunk in enumerate(chunks):
-            round_label = f" round {round_index + 1}/{len(chunks)}" if len(chunks) > 1 else ""
-            for position in level_order(len(targets), index + round_index):
-                target = targets[position]
-                if target.entry.get("error"):
-                    continue
-                if position not in runs:
-                    runs[position] = engine.LevelRun(
-                        target.info.url, snapshot_func or (lambda url=target.info.url: engine.server_snapshot(url)))
-                reason = _run_round(target, runs[position], level, chunk, round_label, args, request_func)
-                if reason or round_index == len(chunks) - 1:
-                    # Its last round (or it went away: what it measured stays): read its counters now.
-                    _finish_level(target, runs.pop(position), level, prompts, args)
-                if reason:
-                    tail = f"\n--- server log tail ---\n{target.server.log_tail(30)}" if target.server else ""
-                    target.entry["error"] = reason + tail
-                    print(f"[loadtest] {target.label}: {reason}", file=sys.stderr)
+        run_step(targets, {position: (level, prompts) for position in range(len(targets))}, index, args,
+                 request_func, snapshot_func)
+
+
+def _load_of(level: dict) -> float:
+    return level["request_rate"] if level.get("request_rate") is not None else level["concurrency"]
+
+
+def _passes_by_load(target: SweepTarget) -> dict[float, bool]:
+    return {_load_of(level): level["slo"]["passes"] for level in target.entry["levels"] if "slo" in level}
+
+
+def search_max_load(targets: list[SweepTarget], levels: list[dict], level_prompts: list[list[str]],
+                    spare_prompts: list[str], args, request_func=None, snapshot_func=None) -> None:
+    """``--find-max-load``: per server, the highest load whose SLO attainment stays ≥ the target.
+
+    First the levels in ascending order, interleaved as a sweep's are, each server climbing until a level misses
+    the target (it runs no higher level); then up to ``--search-steps`` steps that halve each server's bracket
+    (``slo.next_probe`` between its highest passing and lowest failing load), every server of a step on the same
+    fresh prompts from ``spare_prompts`` (the pool after the levels' slices), its own probe load, rounds interleaved.
+    The recorded levels end sorted by load; ``report.add_slo`` reads the answer off them."""
+    spec = args.slo_spec
+    rate_mode = levels[0].get("request_rate") is not None
+    climbing = list(range(len(targets)))
+    step = 0
+    for level, prompts in zip(levels, level_prompts):
+        assignments = {i: (level, prompts) for i in climbing if not targets[i].entry.get("error")}
+        if not assignments:
+            break
+        run_step(targets, assignments, step, args, request_func, snapshot_func)
+        step += 1
+        climbing = []
+        for i in assignments:
+            recorded = [lv for lv in targets[i].entry["levels"] if report.level_key(lv) == report.level_key(level)]
+            if recorded and recorded[-1].get("slo", {}).get("passes"):
+                climbing.append(i)
+            elif recorded and not args.quiet:
+                print(f"[loadtest] {targets[i].label} misses the SLO at {report.level_key(level)} (met by "
+                      f"{100 * recorded[-1]['slo']['attainment']:.0f} % < {100 * spec.target:g} %): no higher level",
+                      file=sys.stderr)
+    spare = list(spare_prompts)
+    for _ in range(args.search_steps):
+        probes = {}
+        for i, target in enumerate(targets):
+            if target.entry.get("error"):
+                continue
+            probe = slo.next_probe(*slo.max_passing_load(_passes_by_load(target)), integer=not rate_mode)
+            if probe is not None:
+                probes[i] = ({**levels[0], "request_rate": probe} if rate_mode
+                             else {**levels[0], "concurrency": int(probe)})
+        if not probes:
+            break
+        counts = {i: prompts_per_level(args, level) for i, level in probes.items()}
+        if max(counts.values()) > len(spare):
+            print(f"[loadtest] no fresh prompts left for another search step ({max(counts.values())} needed, "
+                  f"{len(spare)} left): the search stops here (a larger --dataset or fewer --prompts-per-level)",
+                  file=sys.stderr)
+            break
+        step_prompts, spare = spare[: max(counts.values())], spare[max(counts.values()):]
+        if not args.quiet:
+            print("[loadtest] search step: " + ", ".join(
+                f"{targets[i].label} {report.level_key(level)}" for i, level in probes.items()), file=sys.stderr)
+        run_step(targets, {i: (level, step_prompts[: counts[i]]) for i, level in probes.items()}, step, args,
+                 request_func, snapshot_func)
+        step += 1
+    for target in targets:
+        target.entry["levels"].sort(key=_load_of)
+
+
+def sweep(targets: list[SweepTarget], levels: list[dict], level_prompts: list[list[str]], spare_prompts: list[str],
+          args) -> None:
+    """The run's schedule: a max-load search (``--find-max-load``) or the interleaved sweep."""
+    if args.find_max_load:
+        search_max_load(targets, levels, level_prompts, spare_prompts, args)
+    else:
+        sweep_interleaved(targets, levels, level_prompts, args)
 
 
 def build_levels(args) -> list[dict]:
@@ -343,6 +450,8 @@ def build_levels(args) -> list[dict]:
         levels = [{**level, "temperature": float(t)} for t in args.temperature for level in levels]
     if not levels or len(levels) > MAX_LEVELS:
         raise LoadTestError(f"give 1 to {MAX_LEVELS} load levels")
+    if getattr(args, "find_max_load", False):  # the search climbs: ascending, each load once
+        levels = sorted({_load_of(level): level for level in levels}.values(), key=_load_of)
     for level in levels:
         c = level.get("concurrency")
         if c is not None and not 1 <= c <= MAX_CONCURRENCY:
@@ -359,6 +468,7 @@ def prompts_per_level(args, level: dict) -> int:
         count = 32
     else:
         count = max(8, 4 * level["concurrency"])
+    count *= max(1, getattr(args, "repeats", 1) or 1)  # --repeats: the level again, on fresh prompts
     if not 1 <= count <= MAX_PROMPTS_PER_LEVEL:
         raise LoadTestError(f"prompts per level must be within 1..{MAX_PROMPTS_PER_LEVEL}, got {count}")
     return count
@@ -396,10 +506,12 @@ def machine_description() -> dict:
 def run(args, argv: list[str]) -> dict:
     levels = build_levels(args)
     counts = [prompts_per_level(args, level) for level in levels]
+    pool = prompt_pool(args)
     try:
-        level_prompts = prompt_sets.split_for_levels(prompt_pool(args), counts)
+        level_prompts = prompt_sets.split_for_levels(pool, counts)
     except ValueError as exc:
         raise LoadTestError(str(exc)) from None
+    spare_prompts = pool[sum(counts):]  # a max-load search's refining steps draw fresh prompts from here
     output_dir = Path(args.output_dir or f"loadtest-results/{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     import numpy as np
 
@@ -425,36 +537,59 @@ def run(args, argv: list[str]) -> dict:
             "level_timeout_s": args.level_timeout,
             "endpoint": "/v1/chat/completions (stream)",
             "fresh_prompts_per_level": True,
+            "repeats": args.repeats,
+            "slo": args.slo_spec.to_json() if args.slo_spec else None,
+            "find_max_load": bool(args.find_max_load),
+            "search_steps": args.search_steps if args.find_max_load else None,
         },
         "configs": [],
     }
-    bound = len(levels) * args.level_timeout * (len(args.url) if args.url else len(args.configs))
+    steps = len(levels) + (args.search_steps if args.find_max_load else 0)
+    bound = steps * args.level_timeout * (len(args.url) if args.url else len(args.configs))
     if not args.quiet:
         print(f"[loadtest] {len(levels)} levels, {sum(counts)} distinct prompts, at most {bound / 60:.0f} min of "
               f"requests (plus server start-ups); results -> {output_dir}", file=sys.stderr)
     try:
         if args.url:
-            _run_urls(args, levels, level_prompts, result)
+            _run_urls(args, levels, level_prompts, spare_prompts, result)
         else:
-            _run_launched(args, levels, level_prompts, result)
+            _run_launched(args, levels, level_prompts, spare_prompts, result)
     except KeyboardInterrupt:
         result["interrupted"] = True  # keep what was measured
-        report.write_json(report.add_ratios(result), output_dir / "loadtest.json")
+        report.write_json(analyse(result, args.slo_spec), output_dir / "loadtest.json")
         raise
-    report.add_ratios(result)
+    analyse(result, args.slo_spec)
     json_path = report.write_json(result, output_dir / "loadtest.json")
-    try:
-        png_path = report.write_png(result, output_dir / "frontier.png")
-    except ImportError:
-        png_path = "no PNG (matplotlib is missing: pip install -r requirements/plots.txt)"
+    png_paths = write_pngs(result, output_dir)
     table = report.summary_tables(result)
     print(table)
     print(f"\n{result['command']}")
-    print(f"[loadtest] wrote {json_path} and {png_path}", file=sys.stderr)
+    print(f"[loadtest] wrote {json_path} and {png_paths}", file=sys.stderr)
     return result
 
 
-def replot(json_path: str, output_dir: str | None = None) -> int:
+def analyse(result: dict, spec: "slo.SloSpec | None") -> dict:
+    """Ratios and their intervals, and with an SLO goodput, attainment and the max load (``report``)."""
+    report.add_ratios(result)
+    if spec is not None:
+        report.add_slo(result, spec)
+    return result
+
+
+def write_pngs(result: dict, output_dir: Path) -> str:
+    """frontier.png, and goodput.png where the run has an SLO; what was written (or why not), for the log line."""
+    try:
+        paths = [report.write_png(result, Path(output_dir) / "frontier.png")]
+        if result.get("slo"):
+            paths.append(report.write_goodput_png(result, Path(output_dir) / "goodput.png"))
+    except ImportError:
+        return "no PNG (matplotlib is missing: pip install -r requirements/plots.txt)"
+    return " and ".join(map(str, paths))
+
+
+def replot(json_path: str, output_dir: str | None = None, spec: "slo.SloSpec | None" = None) -> int:
+    """Redraw the PNGs and reprint the tables from a ``loadtest.json`` (no requests): ratios and intervals recomputed
+    from its rounds, goodput under ``spec`` (``--slo``) or the SLO the run had, from its per-request timings."""
     import json
 
     try:
@@ -462,10 +597,13 @@ def replot(json_path: str, output_dir: str | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"sglang-dspark loadtest: error: cannot read {json_path}: {exc}", file=sys.stderr)
         return 2
-    png = report.write_png(result, Path(output_dir or Path(json_path).parent) / "frontier.png")
+    if spec is None and result.get("slo"):
+        spec = slo.SloSpec.from_json(result["slo"])
+    analyse(result, spec)
+    pngs = write_pngs(result, Path(output_dir or Path(json_path).parent))
     print(report.summary_tables(result))
     print(f"\n{result.get('command', '')}")
-    print(f"[loadtest] wrote {png}", file=sys.stderr)
+    print(f"[loadtest] wrote {pngs}", file=sys.stderr)
     return 0
 
 
@@ -481,7 +619,7 @@ def _versions() -> dict:
     return versions
 
 
-def _run_urls(args, levels, level_prompts, result) -> None:
+def _run_urls(args, levels, level_prompts, spare_prompts, result) -> None:
     infos = [probe_server(url, args.model) for url in args.url]
     models = {info.model_path or info.model for info in infos}
     if len(models) > 1 and not args.allow_model_mismatch:
@@ -503,7 +641,7 @@ def _run_urls(args, levels, level_prompts, result) -> None:
         except LoadTestError as exc:
             entry["error"] = str(exc)
             print(f"[loadtest] {entry['label']}: {exc}", file=sys.stderr)
-    sweep_interleaved(targets, levels, level_prompts, args)
+    sweep(targets, levels, level_prompts, spare_prompts, args)
 
 
 def _start_config(config, target, server_args, max_total_tokens, device, args, log_dir, tokenizer, result):
@@ -541,7 +679,7 @@ def _start_config(config, target, server_args, max_total_tokens, device, args, l
     return SweepTarget(info, config.label, entry, tokenizer, server.alive, server)
 
 
-def _run_launched(args, levels, level_prompts, result) -> None:
+def _run_launched(args, levels, level_prompts, spare_prompts, result) -> None:
     if args.model_path:
         target, draft = args.model_path, args.draft_model_path
     else:
@@ -574,7 +712,7 @@ def _run_launched(args, levels, level_prompts, result) -> None:
 
     def sweep_started():
         try:
-            sweep_interleaved(started, levels, level_prompts, args)
+            sweep(started, levels, level_prompts, spare_prompts, args)
         finally:
             for sweep_target in started:
                 sweep_target.server.stop()
@@ -680,11 +818,30 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--request-timeout", type=float, default=300, help="seconds before a request counts as "
                       "timed out")
     load.add_argument("--level-timeout", type=float, default=600, help="bound on one level's wall time (s)")
+    load.add_argument("--repeats", type=int, default=1,
+                      help="run each level N times over, on fresh prompts each time (N x the prompts and rounds): "
+                      "more rounds for every ratio's interval (default 1)")
+    capacity = parser.add_argument_group("capacity (SLO, goodput, max load)")
+    capacity.add_argument("--slo", metavar="SPEC",
+                          help="per-request service-level objective, e.g. ttft=2s,tpot=100ms (metrics: ttft, tpot or "
+                          "itl, e2e; units ms, s; a pNN term sets the target share, e.g. ttft=2s,tpot=100ms,p90): "
+                          "goodput, SLO attainment and users per server in the tables, JSON and goodput.png")
+    capacity.add_argument("--slo-target", type=float, metavar="SHARE",
+                          help=f"share of a level's requests that must meet the SLO for the level to pass (default "
+                          f"{slo.DEFAULT_TARGET:g}, or the --slo's pNN)")
+    capacity.add_argument("--find-max-load", action="store_true",
+                          help="search the loads (--concurrency or --request-rate, ascending) for the highest whose "
+                          "SLO attainment stays >= the target, per configuration, interleaved: each configuration "
+                          "stops climbing at its first miss, then --search-steps bisection steps between its last "
+                          "pass and first miss (needs --slo)")
+    capacity.add_argument("--search-steps", type=int, default=2,
+                          help="bisection steps after the climb of --find-max-load (default 2; 0: the levels only)")
     out = parser.add_argument_group("output")
     out.add_argument("--output-dir", help="where loadtest.json and frontier.png go (default loadtest-results/DATE)")
     out.add_argument("--quiet", action="store_true", help="no progress bars")
-    out.add_argument("--replot", metavar="JSON", help="redraw frontier.png and the table from a loadtest.json (no "
-                     "requests)")
+    out.add_argument("--replot", metavar="JSON", help="redraw the PNGs and the tables from a loadtest.json (no "
+                     "requests); with --slo, goodput under that SLO from the run's per-request timings")
+    parser.set_defaults(slo_spec=None)
     return parser
 
 
@@ -726,6 +883,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--random-range-ratio must be in (0, 1]")
     if args.max_tokens < 1 or args.request_timeout <= 0 or args.level_timeout <= 0:
         parser.error("--max-tokens, --request-timeout and --level-timeout must be positive")
+    if args.repeats < 1 or args.search_steps < 0:
+        parser.error("--repeats must be at least 1 and --search-steps at least 0")
+    if args.slo:
+        try:
+            args.slo_spec = slo.parse_slo(args.slo, args.slo_target)
+        except ValueError as exc:
+            parser.error(f"--slo: {exc}")
+    elif args.slo_target is not None or args.find_max_load:
+        parser.error("--slo-target and --find-max-load need --slo (e.g. --slo ttft=2s,tpot=100ms)")
+    if args.find_max_load and len(args.temperature) > 1:
+        parser.error("--find-max-load searches at one temperature: give one --temperature per run")
     return args
 
 
@@ -733,7 +901,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.replot:
-        return replot(args.replot, args.output_dir)
+        return replot(args.replot, args.output_dir, args.slo_spec)
     previous_handler = _stop_on_sigterm()
     try:
         args.url = [normalize_url(url, args.allow_remote) for url in args.url or []]

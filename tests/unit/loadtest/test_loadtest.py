@@ -714,3 +714,164 @@ def test_sweep_records_and_prints_per_source_numbers(serving, monkeypatch, tmp_p
     # --replot prints the per-source table from the JSON alone
     assert runner.main(["--replot", str(out_dir / "loadtest.json"), "--output-dir", str(tmp_path / "re")]) == 0
     assert "| lookup | c=2 | 20 / 40 / 30 / 10 | 2.50 | 2.00 | 14.0 |" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------- SLO, intervals, search
+
+
+def servers_slower_with_load(serving, monkeypatch, ttft_per_request: dict[str, float]) -> list:
+    """Fake servers whose every request reports TTFT = ``ttft_per_request[port] x the level's concurrency`` (known
+    answers: a server meets a TTFT bound exactly up to a concurrency), answering through ``fake_request_func``."""
+    log: list = []
+    fake_servers(serving, monkeypatch, snapshots=True)
+    current = {}
+    run_requests = engine.run_requests
+
+    async def recording_run_requests(*args, **kwargs):
+        current["concurrency"] = kwargs.get("concurrency")
+        return await run_requests(*args, **kwargs)
+
+    base = fake_request_func(log)
+
+    async def request(request_func_input, pbar=None):
+        out = await base(request_func_input, pbar)
+        port = request_func_input.api_url.split(":")[2].split("/")[0]
+        out.ttft = ttft_per_request[port] * current["concurrency"]
+        out.latency = out.ttft + sum(out.itl)
+        return out
+
+    monkeypatch.setattr(engine, "run_requests", recording_run_requests)
+    monkeypatch.setattr(serving, "async_request_openai_chat_completions", request)
+    return log
+
+
+def test_find_max_load_climbs_stops_at_the_first_miss_and_halves_the_bracket(serving, monkeypatch, tmp_path, capsys):
+    """TTFT ≤ 450 ms: server 1 (100 ms per request in flight) meets it up to c = 4, server 2 (50 ms) up to c = 9.
+    Climbing 1 2 4 8 16, server 1 stops after its miss at 8 (no c = 16) and server 2 after 16; two halving steps
+    then test 6 and 5 (server 1), 11 and 9 (server 2), each step on fresh prompts shared by both."""
+    log = servers_slower_with_load(serving, monkeypatch, {"1": 0.1, "2": 0.05})
+    out = tmp_path / "out"
+    rc = runner.main(["--url", "http://127.0.0.1:1", "http://127.0.0.1:2", "--label", "slow", "fast",
+                      "--concurrency", "16", "1", "4", "2", "8", "--prompts-per-level", "2", "--max-tokens", "4",
+                      "--slo", "ttft=450ms,tpot=1s", "--find-max-load", "--output-dir", str(out), "--quiet"])
+    assert rc == 0
+    result = json.loads((out / "loadtest.json").read_text())
+    slow, fast = result["configs"]
+    assert [lv["concurrency"] for lv in slow["levels"]] == [1, 2, 4, 5, 6, 8]
+    assert [lv["concurrency"] for lv in fast["levels"]] == [1, 2, 4, 8, 9, 11, 16]
+    assert [lv["slo"]["passes"] for lv in slow["levels"]] == [True, True, True, False, False, False]
+    assert [lv["slo"]["attainment"] for lv in fast["levels"]] == [1.0] * 5 + [0.0] * 2
+    loads = {entry["label"]: (entry["max_load"], entry["first_failing_load"]) for entry in result["max_load"]}
+    assert loads == {"slow": (4, 5), "fast": (9, 11)}
+    assert result["slo"]["bounds_ms"] == {"ttft": 450.0, "tpot": 1000.0} and result["slo"]["target"] == 0.9
+    assert result["settings"]["find_max_load"] and result["settings"]["search_steps"] == 2
+    # Fresh prompts at every step; the servers of a step share its prompts.
+    sent = {url: [prompt for api, prompt, _, _ in log if api.startswith(url)]
+            for url in ("http://127.0.0.1:1", "http://127.0.0.1:2")}
+    assert len(set(sent["http://127.0.0.1:1"])) == len(sent["http://127.0.0.1:1"]) == 12
+    assert len(set(sent["http://127.0.0.1:2"])) == len(sent["http://127.0.0.1:2"]) == 14
+    assert set(sent["http://127.0.0.1:1"][8:10]) == set(sent["http://127.0.0.1:2"][10:12])  # search step 1
+    printed = capsys.readouterr().out
+    assert "users per server at this SLO (TTFT ≤ 450 ms, TPOT ≤ 1 s, ≥ 90 % of requests): slow 4, fast 9" in printed
+    assert "| fast | c=9 | 100 % ✓ | 100 % | 100 % |" in printed
+    # The baseline misses: no goodput ratio.
+    assert "| slow | c=8 | 0 % | 0 % | 100 % | 0.00 | 0.0 | – |" in printed
+    assert (out / "goodput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_sweep_with_an_slo_reports_goodput_and_at_least_the_highest_tested_load(serving, monkeypatch, tmp_path,
+                                                                                  capsys):
+    """Without --find-max-load every level runs on every server; the users per server is read off the levels, "≥"
+    where every one passed. --replot with another SLO re-evaluates the same requests (no new requests)."""
+    servers_slower_with_load(serving, monkeypatch, {"1": 0.1, "2": 0.05})
+    out = tmp_path / "out"
+    assert runner.main(["--url", "http://127.0.0.1:1", "http://127.0.0.1:2", "--label", "slow", "fast",
+                        "--concurrency", "1", "4", "--prompts-per-level", "4", "--rounds", "2", "--max-tokens", "4",
+                        "--slo", "ttft=300ms,p75", "--output-dir", str(out), "--quiet"]) == 0
+    result = json.loads((out / "loadtest.json").read_text())
+    assert result["slo"]["target"] == 0.75
+    slow, fast = result["configs"]
+    assert [lv["slo"]["passes"] for lv in slow["levels"]] == [True, False]
+    assert [lv["slo"]["passes"] for lv in fast["levels"]] == [True, True]
+    level = fast["levels"][0]
+    assert level["slo"]["goodput_tok_s"] == pytest.approx(level["output_tok_s"])  # every request met it
+    assert level["slo"]["goodput_req_s"] == pytest.approx(4 / level["duration_s"])
+    assert len(level["slo"]["round_goodput_tok_s"]) == 2 and level["intervals"]["goodput_tok_s_ratio"] is not None
+    assert len(level["request_timings"]["ttft_ms"]) == 4 and level["request_timings"]["round"] == [0, 0, 1, 1]
+    printed = capsys.readouterr().out
+    assert "users per server at this SLO (TTFT ≤ 300 ms, ≥ 75 % of requests): slow 1, fast ≥ 4" in printed
+    assert "(≥: every tested load met the SLO" in printed
+    # The comparison table: the baseline's tok/s, the ratio with its interval, users per server.
+    header = next(line for line in printed.splitlines() if line.startswith("| output tok/s, × slow"))
+    assert header.endswith("| c=1 | c=4 | users per server at the SLO |")
+    assert next(line for line in printed.splitlines() if line.startswith("| fast | 1.") or
+                line.startswith("| fast | 0.")).endswith("| ≥ 4 |")
+    # The JSON keeps each line of numbers on one line.
+    text = (out / "loadtest.json").read_text()
+    assert '"round": [0, 0, 1, 1]' in text and json.loads(text) == result
+    # Replot under a tighter SLO: the same requests, another answer.
+    assert runner.main(["--replot", str(out / "loadtest.json"), "--slo", "ttft=100ms", "--output-dir",
+                        str(tmp_path / "re")]) == 0
+    assert "TTFT ≤ 100 ms, ≥ 90 % of requests): slow 1, fast 1" in capsys.readouterr().out
+    assert (tmp_path / "re" / "goodput.png").is_file()
+    # Replot without --slo keeps the run's own SLO.
+    assert runner.main(["--replot", str(out / "loadtest.json"), "--output-dir", str(tmp_path / "re2")]) == 0
+    assert "slow 1, fast ≥ 4" in capsys.readouterr().out
+
+
+def test_intervals_mark_resolved_differences_and_show_the_noise_floor():
+    """Four paired rounds per level: DSPARK 1.2x the baseline in every round (resolved, ▲), the control within
+    ±5 % (not resolved: the noise floor, shown under the table and marked in the comparison table)."""
+    def level(rounds):
+        return {"concurrency": 4, "output_tok_s": sum(rounds) / len(rounds), "round_output_tok_s": rounds,
+                "round_duration_s": [1.0] * len(rounds)}
+
+    result = {"settings": {"seed": 0}, "configs": [
+        {"label": "no-spec", "name": "no-spec", "levels": [level([100.0, 80.0, 120.0, 100.0])]},
+        {"label": "no-spec (control)", "name": "no-spec-control", "levels": [level([105.0, 76.0, 120.0, 95.0])]},
+        {"label": "DSPARK", "name": "dspark", "levels": [level([120.0, 96.0, 144.0, 120.0])]},
+    ]}
+    report.add_ratios(result)
+    control, dspark = result["configs"][1]["levels"][0], result["configs"][2]["levels"][0]
+    assert dspark["intervals"]["output_tok_s_ratio"] == pytest.approx([1.2, 1.2])
+    low, high = control["intervals"]["output_tok_s_ratio"]
+    assert 0.94 < low < 1.0 < high < 1.06
+    assert result["interval_method"]["confidence"] == 0.95 and result["interval_method"]["seed"] == 0
+    assert dspark["intervals"]["per_user_tok_s_ratio"] is None  # no per-request timings in this record
+    text = report.summary_tables(result)
+    assert "| DSPARK | c=4 | 120.0 | 1.20 (1.20–1.20) ▲ |" in text
+    assert f"| no-spec (control) | c=4 | 99.0 | 0.99 ({low:.2f}–{high:.2f}) |" in text
+    assert "95 % interval (percentile bootstrap over the level's paired rounds, 2000 resamples, seed 0)" in text
+    assert f"Noise floor (no-spec (control), a second identical server): c=4 0.99 ({low:.2f}–{high:.2f})." in text
+    assert "| no-spec | 100.0 tok/s |" in text and "| no-spec (control), noise floor | 0.99 (" in text
+    assert report.control_config(result)["label"] == "no-spec (control)"
+    assert report.control_config({"configs": [{"label": "a"}, {"label": "b"}]}) is None
+
+
+def test_slo_flags_are_checked_before_any_server_starts(capsys):
+    for argv, message in (
+        (["--find-max-load"], "need --slo"),
+        (["--slo-target", "0.9"], "need --slo"),
+        (["--slo", "ttft=fast"], "--slo: 'fast' is not a duration"),
+        (["--slo", "ttft=2s,p90", "--slo-target", "0.5"], "disagree"),
+        (["--slo", "ttft=2s", "--find-max-load", "--temperature", "0", "0.7"], "one temperature"),
+        (["--repeats", "0"], "--repeats must be at least 1"),
+    ):
+        with pytest.raises(SystemExit):
+            runner.parse_args(argv)
+        assert message in capsys.readouterr().err
+    args = runner.parse_args(["--slo", "tpot=100ms", "--slo-target", "0.8"])
+    assert args.slo_spec.bounds_ms == {"tpot": 100.0} and args.slo_spec.target == 0.8
+    assert runner.parse_args([]).slo_spec is None
+
+
+def test_repeats_run_each_level_again_on_fresh_prompts_with_more_rounds():
+    args = runner.parse_args(["--repeats", "3"])
+    assert runner.prompts_per_level(args, {"concurrency": 4}) == 3 * 16
+    assert runner.level_rounds(args, {"concurrency": 4}, 48) == 3 * 2  # 2 rounds per repeat, as without repeats
+    args = runner.parse_args(["--repeats", "2", "--rounds", "3", "--prompts-per-level", "6"])
+    assert runner.prompts_per_level(args, {"concurrency": 1}) == 12
+    assert runner.level_rounds(args, {"concurrency": 1}, 12) == 6
+    # The search climbs: levels ascending, each once.
+    args = runner.parse_args(["--slo", "ttft=1s", "--find-max-load", "--concurrency", "8", "1", "4", "1"])
+    assert [level["concurrency"] for level in runner.build_levels(args)] == [1, 4, 8]

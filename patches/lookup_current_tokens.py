@@ -17,12 +17,28 @@ verifies chains (``scheduling/current_tokens.py``).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from sglang_dspark.lookup.active import active_lookup
 from sglang_dspark.patches.install_once import install_once
-from sglang_dspark.scheduling.current_tokens import LAUNCH_ATTRIBUTE, BatchLaunch
 
 logger = logging.getLogger(__name__)
+
+# The attribute of SGLang's ScheduleBatch that carries its BatchLaunch from the scheduler loop to our planner.
+LAUNCH_ATTRIBUTE = "sglang_dspark_launch"
+
+
+@dataclass(frozen=True)
+class BatchLaunch:
+    """What the scheduler knew of a decode batch when it launched it.
+
+    ``tokens_current``: no earlier batch's result was still unprocessed, so every request's host tokens
+    (``origin_input_ids + output_ids``) and committed KV length are current; ``overlap_given_up``: the batch waited
+    for the previous result because of a lookup match (what ``scheduling/current_tokens.py`` charges)."""
+
+    tokens_current: bool
+    overlap_given_up: bool = False
+
 
 _DISABLE_OVERLAP = "sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch"
 

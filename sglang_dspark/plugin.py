@@ -50,6 +50,13 @@ def register() -> None:
 
         lookup_current_tokens.install()
 
+    # Every TP rank reads the same confidences from the DSPARK relay on the same steps (issue #46): upstream's
+    # rank-local readiness query (CUDA), and its synchronous read of rows never published (the CPU), would let ranks
+    # pick different verify budgets, graph tiers and broadcasts.
+    from sglang_dspark.patches import tp_relay_readiness
+
+    tp_relay_readiness.install()
+
     # A speculative request clamped to the KV pool's edge would be aborted (HTTP 500) near its end: keep the room
     # a speculative decode step allocates (issue #15).
     from sglang_dspark.patches import spec_length_headroom

@@ -19,8 +19,10 @@ def register_engine_hooks() -> None:
         logger.info("SGLANG_DSPARK_WORKER=upstream: keeping SGLang's own DSparkWorkerV2 and planner")
         return
     from sglang_dspark.engine.observability import register_observability_hooks
+    from sglang_dspark.engine.plan_digest import register_plan_digest_hooks
     from sglang_dspark.engine.planner import UPSTREAM_PLANNER_TARGET, AdmissionVerifyPlanner
 
     HookRegistry.register(UPSTREAM_WORKER_TARGET, DSparkWorker, HookType.REPLACE)
     HookRegistry.register(UPSTREAM_PLANNER_TARGET, AdmissionVerifyPlanner, HookType.REPLACE)
     register_observability_hooks()
+    register_plan_digest_hooks()  # under TP: each rank's digest of its verify layouts, at idle

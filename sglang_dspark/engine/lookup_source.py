@@ -31,7 +31,8 @@ from sglang_dspark.lookup.active import set_active_lookup
 from sglang_dspark.lookup.book import BatchProposals, LookupBook
 from sglang_dspark.lookup.calibration import GREEDY, LookupCalibration, sampling_class
 from sglang_dspark.profiler.overlap_gap import OverlapGap
-from sglang_dspark.scheduling.current_tokens import LAUNCH_ATTRIBUTE, BatchLaunch, CurrentTokensPolicy
+from sglang_dspark.patches.lookup_current_tokens import LAUNCH_ATTRIBUTE, BatchLaunch
+from sglang_dspark.scheduling.current_tokens import CurrentTokensPolicy
 from sglang_dspark.scheduling.lookup_choice import (
     chain_saving_seconds,
     lookup_conditionals,
@@ -79,7 +80,7 @@ def _committed_len(req) -> Optional[int]:
 def current_rows(batch, reqs) -> list[bool]:
     """Per request of a decode batch: its host tokens end with the anchor of the step being planned.
 
-    Where the scheduler says how it launched the batch (``BatchLaunch``, every DSPARK decode batch under the overlap
+    Where the scheduler says how it launched the batch (``patches/lookup_current_tokens.BatchLaunch``, every DSPARK decode batch under the overlap
     scheduler): the batch's tokens are current, and the request holds its committed KV length + 1 tokens (its anchor
     not in the KV yet). Elsewhere (the synchronous scheduler, or a batch built without the patch) SGLang's host
     sequence lengths where it publishes them: the request holds ``seq_len + 1`` tokens. Neither: no row is current."""

@@ -46,7 +46,7 @@ from sglang_dspark.engine.verify_mode import PLUGIN_SPS_PROBES_DP_ATTENTION, SPS
 from sglang_dspark.profiler.step_costs import StepCosts
 from sglang_dspark.engine.step_plan import DRAFTED, CurrentStep, StepPlan
 from sglang_dspark.scheduling.acceptance import SurvivalPrior
-from sglang_dspark.scheduling.current_tokens import LAUNCH_ATTRIBUTE
+from sglang_dspark.patches.lookup_current_tokens import LAUNCH_ATTRIBUTE
 from sglang_dspark.scheduling.draft_gate import DraftGate, ForcedGate, GateDecision, make_draft_gate
 from sglang_dspark.scheduling.lookup_choice import draft_pays_beside_lookup, without_rows
 from sglang_dspark.scheduling.policy import AdmissionPolicy

@@ -1,7 +1,7 @@
 """Whether a batch with a lookup match gives up SGLang's overlap so its tokens are current (pure; issues #39, #46).
 
 A lookup proposal needs the request's tail up to the anchor; under SGLang's overlap scheduler the host's tokens lag a
-step, so such a batch runs after the previous result is processed (``patches/lookup_current_tokens.py``). That is a
+step, so such a batch runs after the previous result is processed (``patches/lookup_current_tokens.py``, which also tells the planner how each batch was launched). That is a
 cost: on a GPU the device idles while the host processes the previous result and prepares the next launch (a gap
 before the step that its own record does not time: ``engine/step_record.StepRecord.gap_seconds`` does;
 ``profiler/overlap_gap.py`` learns it). So, per load bucket (``load_bucket``, as the step costs are), the overlap is
@@ -19,27 +19,9 @@ rule always holds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sglang_dspark.profiler.step_overhead import load_bucket
 
-__all__ = ["BatchLaunch", "CurrentTokensPolicy", "LAUNCH_ATTRIBUTE"]
-
-# The attribute of SGLang's ScheduleBatch that carries its BatchLaunch from the scheduler loop to our planner.
-LAUNCH_ATTRIBUTE = "sglang_dspark_launch"
-
-
-@dataclass(frozen=True)
-class BatchLaunch:
-    """What the scheduler knew of a decode batch when it launched it (``patches/lookup_current_tokens.py``).
-
-    ``tokens_current``: no earlier batch's result was still unprocessed, so every request's host tokens
-    (``origin_input_ids + output_ids``) and committed KV length are current; ``overlap_given_up``: the batch waited
-    for the previous result because of a lookup match (what :class:`CurrentTokensPolicy` is charged for)."""
-
-    tokens_current: bool
-    overlap_given_up: bool = False
-
+__all__ = ["CurrentTokensPolicy"]
 
 class CurrentTokensPolicy:
     def __init__(self, patience: int = 16, saving_rate: float = 0.125) -> None:

@@ -12,7 +12,7 @@ import torch
 from sglang_dspark.engine.lookup_source import LookupSource, current_rows
 from sglang_dspark.lookup.active import active_lookup
 from sglang_dspark.engine.step_record import StepRecord
-from sglang_dspark.scheduling.current_tokens import LAUNCH_ATTRIBUTE, BatchLaunch
+from sglang_dspark.patches.lookup_current_tokens import LAUNCH_ATTRIBUTE, BatchLaunch
 from sglang_dspark.scheduling.draft_gate import FlatCost
 
 GAMMA = 4

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 from sglang_dspark.engine.lookup_source import LookupSource
 from sglang_dspark.lookup.active import set_active_lookup
 from sglang_dspark.patches.lookup_current_tokens import disable_overlap_for_lookup
-from sglang_dspark.scheduling.current_tokens import LAUNCH_ATTRIBUTE, BatchLaunch
+from sglang_dspark.patches.lookup_current_tokens import LAUNCH_ATTRIBUTE, BatchLaunch
 
 
 def _batch(reqs, dspark=True, decode=True, grammar=False):

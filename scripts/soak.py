@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-total-tokens", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gpu", action="store_true", help="do not add the CPU flags")
+    parser.add_argument("--tp-size", type=int, default=1,
+                        help="TP ranks (on the CPU over gloo, one core per rank through SGLANG_CPU_OMP_THREADS_BIND)")
     parser.add_argument("--json", help="also write the report here")
     parser.add_argument("--log-dir", help="server log folder (default: a temp folder)")
     args = parser.parse_args(argv)
@@ -57,9 +59,14 @@ def main(argv=None) -> int:
                      warmup_requests=args.warmup_requests, abort_share=args.abort_share,
                      near_limit_share=args.near_limit_share, max_total_tokens=args.max_total_tokens, seed=args.seed)
     server_args = ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(draft)]
+    env = None
+    if args.tp_size > 1:
+        server_args += ["--tp-size", str(args.tp_size)]
+        if not args.gpu:  # SGLang refuses more CPU ranks than NUMA nodes unless each rank is given its cores
+            env = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(rank) for rank in range(args.tp_size))}
     if not args.gpu:
         server_args = ["--dtype", "float32", *server_args]
-    server = start_server(target, server_args, max_total_tokens=args.max_total_tokens, cpu=not args.gpu,
+    server = start_server(target, server_args, env=env, max_total_tokens=args.max_total_tokens, cpu=not args.gpu,
                           timeout=900, log_dir=args.log_dir or work / "logs")
     print(f"[soak] server pid {server.process.pid} at {server.url}, log {server.log_path}", flush=True)
     try:

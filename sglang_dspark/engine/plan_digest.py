@@ -29,12 +29,12 @@ import logging
 import re
 from typing import Any, Optional
 
+from sglang_dspark.patches.install_once import install_once
+
 logger = logging.getLogger(__name__)
 
 ON_IDLE_TARGET = "sglang.srt.managers.scheduler.Scheduler.on_idle"
 LINE_PATTERN = re.compile(r"sglang-dspark plan digest: tp_rank=(\d+) verifies=(\d+) digest=([0-9a-f]+)")
-
-_hooks_registered = False
 
 
 class PlanDigest:
@@ -96,12 +96,9 @@ def log_digest_at_idle(scheduler: Any, *args: Any, **kwargs: Any) -> None:
         logger.exception("sglang-dspark: could not log the plan digest; no more digest lines from this rank")
 
 
+@install_once
 def register_plan_digest_hooks() -> None:
-    """Called with the engine's hooks in every SGLang process; idempotent."""
-    global _hooks_registered
-    if _hooks_registered:
-        return
-    _hooks_registered = True
+    """Called with the engine's hooks in every SGLang process; runs once."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(ON_IDLE_TARGET, log_digest_at_idle, HookType.BEFORE)

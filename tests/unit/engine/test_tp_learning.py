@@ -28,10 +28,10 @@ import types
 import pytest
 
 from sglang_dspark.testing.gloo_world import rank_report, spawn_ranks
+from sglang_dspark.testing.tp_planner_stand_ins import graph_tiers, install_planner_stand_ins
 
 GAMMA = 7
-CAPTURE_BS = [*range(1, 9), *range(10, 33, 2), 40, 44, 48]
-TIERS = tuple(sorted({bs * (GAMMA + 1) for bs in CAPTURE_BS}))
+TIERS = graph_tiers(GAMMA)
 POOL = 64
 STEPS = 160
 WORLD = 3
@@ -120,30 +120,7 @@ class DeviceClock:
 
 
 def _install_runtime_stand_ins(world_size: int, patch=setattr) -> None:
-    """SGLang's runtime context as a scheduler process of a ``--tp-size world_size`` DSPARK server sees it
-    (``patch``: ``setattr`` in a spawned rank, ``monkeypatch.setattr`` in the test process)."""
-    import sglang.srt.runtime_context as runtime_context
-
-    import sglang_dspark.profiler.engine_measurer as engine_measurer
-    from sglang_dspark.engine import planner as planner_module
-    from sglang_dspark.profiler.probe_plan import build_table, make_probe_plan
-
-    dspark_planner = planner_module.dspark_planner
-    patch(dspark_planner, "get_spec", lambda: types.SimpleNamespace(
-        speculative_dspark_align_verify_tokens_to_graph_tier=False, speculative_dspark_confidence_sts_path=None,
-        speculative_dspark_sps_table_path=None))
-    patch(dspark_planner, "get_schedule",
-          lambda: types.SimpleNamespace(disable_overlap_schedule=False, max_running_requests=48))
-    patch(dspark_planner, "is_dp_attention_enabled", lambda: False)
-    patch(runtime_context, "get_parallel",
-          lambda: types.SimpleNamespace(tp_size=world_size, pp_size=1, attn_dp_enabled=False))
-    patch(runtime_context, "get_disagg", lambda: types.SimpleNamespace(disaggregation_mode="null"))
-    # The table every rank ends with (profiler/tp_consensus.py makes it byte-identical; here it is built the same way
-    # on every rank from the same timings).
-    plan = make_probe_plan(48, GAMMA, 65536, max_probes=40, token_tiers=TIERS, max_slots=48)
-    table = build_table(table_seconds, plan, progress=False, repeats=1, warmup=0, metadata={"gamma": GAMMA})
-    patch(engine_measurer, "obtain_sps_table",
-          lambda **kwargs: types.SimpleNamespace(table=table, source="agreed", seconds=0.0))
+    install_planner_stand_ins(world_size, gamma=GAMMA, table_seconds=table_seconds, token_tiers=TIERS, patch=patch)
 
 
 def build_planner(scenario: str):

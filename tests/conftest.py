@@ -68,7 +68,8 @@ def pytest_sessionfinish(session):
 # `loadgroup` marks do not work with pytest 9.2: xdist 3.8 rewrites `item._nodeid`, which pytest no longer reads.)
 SERVER_SHARING_FILES = {
     "tiny-dspark-default": ("tests/e2e/test_e2e_admission.py", "tests/e2e/test_e2e_dspark.py",
-                            "tests/e2e/test_e2e_input_guard.py", "tests/e2e/test_e2e_loadtest.py"),
+                            "tests/e2e/test_e2e_input_guard.py", "tests/e2e/test_e2e_loadtest.py",
+                            "tests/e2e/test_e2e_router.py"),
     "tiny-draft-gate": ("tests/e2e/test_e2e_draft_gate.py", "tests/e2e/test_e2e_penalties.py"),
 }
 _GROUP_OF_FILE = {path: group for group, paths in SERVER_SHARING_FILES.items() for path in paths}

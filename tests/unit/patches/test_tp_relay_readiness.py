@@ -337,13 +337,18 @@ def cpu_ranks(monkeypatch):
     from sglang_dspark.engine import planner as planner_module
     from sglang_dspark.scheduling.stats import AdmissionStats
 
+    import inspect
+
+    from sglang.srt.managers.overlap_utils import FutureMap
+
     install_stand_ins(2, monkeypatch.setattr)
     stats = AdmissionStats()  # not the process-wide one other tests read
     monkeypatch.setattr(planner_module, "get_admission_stats", lambda: stats)
+    # Upstream's own methods, whatever another test of this process applied to the class through HookRegistry.
+    for name in ("publish", "resolve_confidence_cpu"):
+        monkeypatch.setattr(FutureMap, name, inspect.unwrap(getattr(FutureMap, name)))
 
     def hook():
-        from sglang.srt.managers.overlap_utils import FutureMap
-
         from sglang_dspark.patches import tp_relay_readiness as patch
 
         for name, around in (("publish", patch.publish_with_generation),

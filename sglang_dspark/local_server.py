@@ -38,6 +38,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stop_process_group(process: subprocess.Popen, timeout: float) -> None:
+    """Stop a process started in its own group (``start_new_session``) by its PID: SIGTERM to the group, SIGKILL after
+    ``timeout`` seconds."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=timeout)
+
+
 @dataclass
 class SGLangServer:
     """A running SGLang HTTP server started by :func:`start_server`."""
@@ -77,17 +93,7 @@ class SGLangServer:
         return self.process.poll() is None
 
     def stop(self, timeout: float = 20) -> None:
-        if self.process.poll() is not None:
-            return
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=timeout)
+        stop_process_group(self.process, timeout)
 
     def __enter__(self) -> "SGLangServer":
         return self

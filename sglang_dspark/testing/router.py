@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from typing import Sequence
 
 import requests
 
-from sglang_dspark.local_server import HOST, free_port
+from sglang_dspark.local_server import HOST, free_port, stop_process_group
 
 POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 _SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$')
@@ -118,17 +117,7 @@ class Router:
         raise TimeoutError(f"router condition not met in {timeout:.0f} s\n--- router log tail ---\n{self.log_tail()}")
 
     def stop(self, timeout: float = 15) -> None:
-        if self.process.poll() is not None:
-            return
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=timeout)
+        stop_process_group(self.process, timeout)
 
     def __enter__(self) -> "Router":
         return self

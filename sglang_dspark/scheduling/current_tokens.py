@@ -3,7 +3,8 @@
 A lookup proposal needs the request's tail up to the anchor; under SGLang's overlap scheduler the host's tokens lag a
 step, so such a batch runs after the previous result is processed (``patches/lookup_current_tokens.py``, which also
 tells the planner how each batch was launched). That is a cost: on a GPU (by reading SGLang's loop) the device idles
-while the host processes the previous result and prepares the next launch (a gap before the step that its own record does not time: ``engine/step_record.StepRecord.gap_seconds`` does;
+while the host processes the previous result and prepares the next launch (a gap before the step that its own
+record does not time: ``engine/step_record.StepRecord.gap_seconds`` does;
 ``profiler/overlap_gap.py`` learns it). So, per load bucket (``load_bucket``, as the step costs are), the overlap is
 given up only while both hold:
 

@@ -94,11 +94,6 @@ class LookupBook:
             match_lens[row] = proposal.match_len
         return BatchProposals(tokens=tokens, lengths=lengths, match_lens=match_lens)
 
-    def has_match(self, rid: str, prompt: Sequence[int], output: Sequence[int]) -> bool:
-        """Whether ``rid``'s tail (as the scheduler holds it) recurs in its context (False until its index has caught
-        up; one call's budget of indexing)."""
-        return self.index_for(rid, prompt, output, self.limits.tokens_per_call).propose(1) is not None
-
     def any_match(self, reqs) -> bool:
         """Whether any of SGLang's requests (``rid``, ``origin_input_ids``, ``output_ids``) has a tail that recurs
         (stops at the first; one call's budget of indexing over the requests it looked at)."""

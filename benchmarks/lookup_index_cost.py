@@ -6,7 +6,7 @@ For contexts of 1k, 8k, 32k and 128k tokens, two token streams:
 and two variants:
   * before — the index as it was (commit 1a0da79, copied below): the whole context indexed in one call, at the
     request's first decode step;
-  * after  — ``lookup/book.py`` with ``index.IndexLimits()`` (its defaults, printed): the request's prompt arrives,
+  * after  — ``lookup/book.py`` with ``config.IndexLimits()`` (its defaults, printed): the request's prompt arrives,
     then a decode step commits one token per ``LookupBook.propose`` call until the index has caught up; only the
     last ``window`` tokens are indexed, so past the window its cost and memory per context token fall.
 Columns: µs per context token (all indexing calls together), bytes per context token (tracemalloc, tuple free lists
@@ -30,13 +30,13 @@ import tracemalloc
 from typing import Iterable
 
 from sglang_dspark.lookup.book import LookupBook
-from sglang_dspark.lookup.index import IndexLimits
+from sglang_dspark.lookup.config import DEFAULT, IndexLimits, LookupConfig
 
 
 class IndexBefore:
     """``ContextIndex`` as of commit 1a0da79 (its indexing only): every appended token indexed at once."""
 
-    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 6) -> None:
+    def __init__(self, *, min_ngram: int = DEFAULT.min_ngram, max_ngram: int = DEFAULT.max_ngram) -> None:
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self.tokens: list[int] = []
         self._latest_end: dict[tuple[int, ...], int] = {}
@@ -75,7 +75,7 @@ def run_before(prompt: list[int]) -> dict:
 
 
 def run_after(prompt: list[int], limits: IndexLimits) -> dict:
-    book = LookupBook(limits=limits)
+    book = LookupBook(LookupConfig(index_limits=limits))
     output: list[int] = []
     calls, seconds, worst = 0, 0.0, 0.0
     while True:

@@ -7,9 +7,9 @@ lowest-index tie-break upstream uses), sampled rows an exact sample of softmax(l
 noise: upstream's torch path draws Philox4x32-10 Gumbel noise over the whole vocabulary for every row (greedy rows
 too, because a CUDA graph cannot read temperatures on the host); here greedy batches draw none and each sampled row
 one uniform number from torch's CPU generator, inverted through the row's cumulative softmax (a Gumbel draw over the
-vocabulary, one exponential per token from a single-threaded generator, was three quarters of a sampled draft
-block at 32 requests). Any exact sampler keeps verification lossless (the kept step logits, not the noise, enter
-the acceptance test).
+vocabulary costs one exponential per token from a single-threaded generator; docs/scheduling.md, "Why each rule
+exists"). Any exact sampler keeps verification lossless (the kept step logits, not the noise, enter the acceptance
+test).
 """
 
 from __future__ import annotations

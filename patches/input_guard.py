@@ -3,61 +3,27 @@
 Stock SGLang 0.5.23 validates most request fields in the tokenizer manager (launcher process), where a
 ``ValueError`` becomes an HTTP 400. A few inputs slip past those checks and blow up in the scheduler process on a
 tensor operation; an exception there is fatal: the scheduler exits, SIGQUITs the launcher, the connection drops and
-the whole server is gone (a few more only wedge it, or answer HTTP 500). Measured with
-``scripts/fuzz_inputs.py --without-dspark-plugin`` (stock SGLang 0.5.23 on our CPU platform, tiny pair, vocabulary
-4096; the /v1 rows take the same tokenizer-manager and scheduler path as the /generate ones once converted); the
-input guard's column with and without DSPARK (``tests/e2e/test_e2e_input_guard.py``). ``v`` is the model's
-``vocab_size`` (``model_config.vocab_size``).
+the whole server is gone (a few more only wedge it, or answer HTTP 500). What stock SGLang does with each input
+below (``scripts/fuzz_inputs.py --without-dspark-plugin``): docs/reliability.md, "Inputs the guard refuses". The
+guard's answer to each, with and without DSPARK, is checked by ``tests/e2e/test_e2e_input_guard.py``. ``v`` is the
+model's ``vocab_size`` (``model_config.vocab_size``); the /v1 rows take the same tokenizer-manager and scheduler path
+as the /generate ones once converted.
 
-+------------------------------------------+------------------------------------------------+--------------------------+
-| input (endpoint: field)                  | SGLang 0.5.23                                  | input guard              |
-+==========================================+================================================+==========================+
-| empty prompt: /generate ``text: ""``     | server dies when the empty prompt is alone in  | 400 ``text`` /           |
-| (also streamed, with n>1, or ``""`` in a | a prefill batch: ``RuntimeError: cannot        | ``input_ids``            |
-| batch), ``input_ids: [[5, 6], []]``;     | reshape tensor of 0 elements into shape [0,    | (``prompt``)             |
-| /v1/completions ``prompt: ["", "x"]``,   | -1, 32]`` (rotary embedding); batched with a   |                          |
-| ``[[5, 6], []]``. (``text: []``,         | non-empty prompt: 200 with a garbage           |                          |
-| ``prompt: ""`` and ``input_ids: []``     | completion for it                              |                          |
-| alone: SGLang already answers 200/400)   |                                                |                          |
-+------------------------------------------+------------------------------------------------+--------------------------+
-| token id >= v or < 0: /generate          | server dies: ``IndexError: index out of range  | 400 ``input_ids``        |
-| ``input_ids`` (also one prompt of a      | in self`` (torch.embedding)                    | (``prompt``)             |
-| batch, streamed, or beside a ``text``,   |                                                |                          |
-| which input_ids override),               |                                                |                          |
-| /v1/completions ``prompt`` as token ids  |                                                |                          |
-+------------------------------------------+------------------------------------------------+--------------------------+
-| top-logprobs count: /generate            | above v: server dies, ``RuntimeError: selected | 400 outside [0, v],      |
-| ``top_logprobs_num``, /v1/completions    | index k out of range`` (``logprobs.topk``);    | naming                   |
-| ``logprobs``, /v1/chat/completions       | negative: 200 without top logprobs             | ``top_logprobs_num``     |
-| ``top_logprobs``                         |                                                | (``logprobs``,           |
-|                                          |                                                | ``top_logprobs``)        |
-+------------------------------------------+------------------------------------------------+--------------------------+
-| ``logprob_start_len`` < -1, with         | server dies: ``AssertionError`` in             | 400                      |
-| logprobs (also streamed)                 | ``add_input_logprob_return_values``            | ``logprob_start_len``    |
-+------------------------------------------+------------------------------------------------+--------------------------+
-| ``top_k`` >= 2**31 (every endpoint)      | server dies: ``RuntimeError: value cannot be   | 400 ``top_k``            |
-|                                          | converted to type int32 without overflow``     |                          |
-+------------------------------------------+------------------------------------------------+--------------------------+
-| ``stop_token_ids`` outside [0, v) with   | server dies: ``RuntimeError: index 4101 is out | 400 ``stop_token_ids``   |
-| ``min_new_tokens`` > 0 (without it they  | of bounds for dimension 1 with size 4097``     | (with or without         |
-| are never matched)                       | (min-new-tokens penalizer; id -1: ``index -1   | ``min_new_tokens``)      |
-|                                          | is out of bounds``)                            |                          |
-+------------------------------------------+------------------------------------------------+--------------------------+
-| ``n`` = 10**6 (every endpoint)           | server wedged: no answer in 120 s, /health     | 400 ``n`` above 1024     |
-|                                          | times out (the tokenizer manager fans n        |                          |
-|                                          | requests out in its event loop)                |                          |
-+------------------------------------------+------------------------------------------------+--------------------------+
-| ``stop_regex`` that does not compile     | HTTP 500 (``re.error`` in                      | 400 ``stop_regex``       |
-|                                          | ``SamplingParams.normalize``)                  |                          |
-+------------------------------------------+------------------------------------------------+--------------------------+
-| a per-prompt list that does not fit the  | HTTP 500 (``AttributeError: 'list' object has  | 400 naming that field    |
-| prompts: ``sampling_params``,            | no attribute 'get'``, ``IndexError``)          |                          |
-| ``return_logprob``,                      |                                                |                          |
-| ``top_logprobs_num``,                    |                                                |                          |
-| ``logprob_start_len`` or ``rid`` as a    |                                                |                          |
-| list for one prompt, or shorter than the |                                                |                          |
-| batch                                    |                                                |                          |
-+------------------------------------------+------------------------------------------------+--------------------------+
+* empty prompt: /generate ``text: ""`` (also streamed, with n>1, or ``""`` in a batch), ``input_ids: [[5, 6], []]``;
+  /v1/completions ``prompt: ["", "x"]``, ``[[5, 6], []]`` → 400 ``text`` / ``input_ids`` (``prompt``). (``text:
+  []``, ``prompt: ""`` and ``input_ids: []`` alone: SGLang already answers 200/400.)
+* token id >= v or < 0: /generate ``input_ids`` (also one prompt of a batch, streamed, or beside a ``text``, which
+  input_ids override), /v1/completions ``prompt`` as token ids → 400 ``input_ids`` (``prompt``).
+* top-logprobs count: /generate ``top_logprobs_num``, /v1/completions ``logprobs``, /v1/chat/completions
+  ``top_logprobs`` → 400 outside [0, v], naming ``top_logprobs_num`` (``logprobs``, ``top_logprobs``).
+* ``logprob_start_len`` < -1, with logprobs (also streamed) → 400 ``logprob_start_len``.
+* ``top_k`` >= 2**31 (every endpoint) → 400 ``top_k``.
+* ``stop_token_ids`` outside [0, v) → 400 ``stop_token_ids``, with or without ``min_new_tokens`` (without it they
+  are never matched, but with it they index the min-new-tokens penalizer).
+* ``n`` above 1024 (every endpoint) → 400 ``n``.
+* ``stop_regex`` that does not compile → 400 ``stop_regex``.
+* a per-prompt list that does not fit the prompts: ``sampling_params``, ``return_logprob``, ``top_logprobs_num``,
+  ``logprob_start_len`` or ``rid`` as a list for one prompt, or shorter than the batch → 400 naming that field.
 
 Everything else in the fuzz corpus (``sglang_dspark/testing/fuzz_corpus.py``: negative/zero/huge max_new_tokens,
 temperature/top_p/min_p/penalties out of range or 1e308 (JSON has no NaN/inf: SGLang's parser refuses them), top_k
@@ -102,7 +68,7 @@ SERVE_GENERATE_TARGET = "sglang.srt.entrypoints.http_server.serve_generate_reque
 
 INT32_MAX = 2**31 - 1
 # Parallel samples per prompt: SGLang fans ``n`` out into n scheduler requests in the tokenizer manager's event
-# loop; n = 10**6 blocks it for minutes (/health times out). 1024 is 8x OpenAI's documented maximum (128).
+# loop, so a huge n blocks it (/health times out; docs/reliability.md). 1024 is 8x OpenAI's documented maximum (128).
 MAX_PARALLEL_SAMPLES = 1024
 TOP_K_ALL = 1 << 30  # SGLang's "whole vocabulary" top_k (sampling_params.TOP_K_ALL)
 

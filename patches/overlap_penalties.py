@@ -9,9 +9,9 @@ in ``ScheduleBatch.cumulate_penalty_output_tokens``, called from ``prepare_for_d
 step k counts the token of step k-2; the first decode, with no output yet, counts the last *prompt* token
 (``origin_input_ids[-1]``); and when a prefill runs between two decode steps, one token is never counted and the
 next is counted twice. Without overlap the result is processed first and the count is exact; the overlap loop is
-SGLang's default for no-spec, on GPUs and on the CPU. Measured: with upstream's count a no-spec server was off the
-ground truth on 14 of 20 requests of the test's lag probe (``repetition_penalty`` 0.3) at concurrency 1 and 13 of
-20 at concurrency 8; with this module on none.
+SGLang's default for no-spec, on GPUs and on the CPU. Checked by ``tests/e2e/test_e2e_penalties.py``'s lag probe:
+with this module every request equals the ground truth, and its control (upstream's count) must be off it
+(docs/reliability.md, Penalties).
 
 What this module installs (``install()``, HookRegistry), only for non-speculative batches of an overlap server:
 

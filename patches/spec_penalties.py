@@ -30,9 +30,9 @@ What this module installs (``install()``, HookRegistry):
    so ``req.output_ids`` holds every committed token when (2) reads it. Only when a result is queued: the overlap
    loop answers True with ``result_queue.popleft()`` unchecked (scheduler.py ``event_loop_overlap`` ~2068-2097),
    and the queue is empty after an iteration that ran no batch (``update_running_batch`` returns None when the KV
-   pool is full and a request finishes in flight, scheduler.py ~4466-4471): True there raised ``IndexError`` and
-   killed the server. An empty queue means ``output_ids`` is already current. (DSPARK runs overlapped on the CPU
-   too: SGLang disables overlap on a CPU for EAGLE and NGRAM only.)
+   pool is full and a request finishes in flight, scheduler.py ~4466-4471): answering True with an empty queue
+   raises ``IndexError`` in the loop (fatal to the scheduler). An empty queue means ``output_ids`` is already
+   current. (DSPARK runs overlapped on the CPU too: SGLang disables overlap on a CPU for EAGLE and NGRAM only.)
 4. ``SamplingBatchInfo.copy_for_forward`` (AROUND): the forward copy carries the penalizer tensors
    (``_dspark_penalty_state``), which the orchestrator-less copy otherwise loses.
 5. ``TargetVerifyExecutor.run_non_compact`` / ``run_compact`` (AROUND): with penalties, run upstream's verify

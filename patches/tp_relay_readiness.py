@@ -19,15 +19,15 @@ result before it prepares step t), so the wait is close to none (by reading; a G
 changes: its own timing decides alone, as upstream's does. Where upstream reads the relay without a copy stream
 (non-CUDA devices, the synchronous bootstrap) there is no event and this hook does nothing.
 
-The synchronous read has a flaw of its own that splits ranks (found by the TP = 2 server test on the CPU,
-tests/e2e/test_e2e_tp.py): without a copy stream ``resolve`` returns ``confidence_buf[rows]`` with the request
-generations of *now* (``pool.req_generation[rows]``), so every row reads as the current request's own confidences. A
-row the relay never published for its request (its first decode step, a new request in a reused slot) then reads what
-the buffer holds: ``torch.empty`` memory on a slot's first use, which differs per process, or the previous request's
-confidences. The budget planner takes them for known survivals: the ranks compute different budgets (and tiers) from
-different garbage, and even one rank plans that step from garbage. On CUDA the ring
-snapshots the generations with each copy (``gen_ring``, zeros before the first), so such a row reads generation 0 and
-upstream's rule counts it unknown (survival 1, or our survival prior where one rank decides alone).
+The synchronous read has a flaw of its own that splits ranks (covered by tests/e2e/test_e2e_tp.py): without a copy
+stream ``resolve`` returns ``confidence_buf[rows]`` with the request generations of *now*
+(``pool.req_generation[rows]``), so every row reads as the current request's own confidences. A row the relay never
+published for its request (its first decode step, a new request in a reused slot) then reads what the buffer holds:
+``torch.empty`` memory on a slot's first use, which differs per process, or the previous request's confidences. The
+budget planner takes them for known survivals: the ranks compute different budgets (and tiers) from different
+garbage, and even one rank plans that step from garbage. On CUDA the ring snapshots the generations with each copy
+(``gen_ring``, zeros before the first), so such a row reads generation 0 and upstream's rule counts it unknown
+(survival 1, or our survival prior where one rank decides alone).
 ``FutureMap.publish`` (AROUND) keeps that snapshot on the host for the synchronous read on the CPU, the generation of
 every row whose confidences it publishes, and ``FutureMap.resolve_confidence_cpu`` (AROUND) returns it instead of the
 current generations: the same rule as the ring, on every rank count. Only where the indices are host tensors (the CPU):

@@ -5,22 +5,20 @@ for that result first (``patches/lookup_current_tokens.py``) leaves the device i
 and launch. The step's own time (``StepRecord.seconds``) starts at its forward and cannot see it; the gap between the
 previous decode step's end and this one's start can (``StepRecord.gap_seconds``: device events on a GPU, the host
 clock on the CPU). Per load bucket, the cost is the mean gap of steps that waited minus that of steps that kept the
-overlap, once each has ``min_samples``; before that, the prior: 0 where the device is the host (the CPU runs the
-forward on the host either way), and on a device :data:`GPU_GAP_PRIOR_SECONDS` plus
-:data:`GPU_GAP_PRIOR_SECONDS_PER_REQUEST` per request (by reading SGLang's result processing and launch path, not
-measured: a stated guess the first timed steps replace).
+overlap, once each has ``gap_min_samples``; before that, the prior: 0 where the device is the host (the CPU runs the
+forward on the host either way), and on a device ``gap_prior_seconds`` plus ``gap_prior_seconds_per_request`` per
+request (by reading SGLang's result processing and launch path, not measured: a stated guess the first timed steps
+replace). The knobs are ``lookup/config.LookupConfig``'s.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+from sglang_dspark.lookup.config import DEFAULT, LookupConfig
 from sglang_dspark.profiler.step_overhead import load_bucket
 
-__all__ = ["GPU_GAP_PRIOR_SECONDS", "GPU_GAP_PRIOR_SECONDS_PER_REQUEST", "OverlapGap"]
-
-GPU_GAP_PRIOR_SECONDS = 1e-3  # a decode result's processing and the next launch's host work, per step
-GPU_GAP_PRIOR_SECONDS_PER_REQUEST = 25e-6  # their per-request share (Python per request in both)
+__all__ = ["OverlapGap"]
 
 
 class _Mean:
@@ -35,23 +33,23 @@ class _Mean:
 
 
 class OverlapGap:
-    def __init__(self, *, on_host: bool, min_samples: int = 8, rate: float = 0.1) -> None:
-        if min_samples < 1 or not 0.0 < rate <= 1.0:
-            raise ValueError(f"OverlapGap: min_samples >= 1 and rate in (0, 1] (got {min_samples}, {rate})")
+    def __init__(self, *, on_host: bool, config: LookupConfig = DEFAULT) -> None:
+        """``on_host``: the model runs on the host (the CPU): the wait costs no device time."""
         self.on_host = bool(on_host)
-        self.min_samples = int(min_samples)
-        self.rate = float(rate)
+        self.config = config
         self._waited: dict[int, _Mean] = {}
         self._kept: dict[int, _Mean] = {}
 
     def prior(self, num_requests: int) -> float:
-        return 0.0 if self.on_host else GPU_GAP_PRIOR_SECONDS + GPU_GAP_PRIOR_SECONDS_PER_REQUEST * num_requests
+        if self.on_host:
+            return 0.0
+        return self.config.gap_prior_seconds + self.config.gap_prior_seconds_per_request * num_requests
 
     def seconds(self, num_requests: int) -> float:
         """The device time a batch of ``num_requests`` loses by waiting for the previous result (>= 0)."""
         bucket = load_bucket(num_requests)
         waited, kept = self._waited.get(bucket), self._kept.get(bucket)
-        if waited is None or kept is None or min(waited.count, kept.count) < self.min_samples:
+        if waited is None or kept is None or min(waited.count, kept.count) < self.config.gap_min_samples:
             return self.prior(num_requests)
         return max(0.0, waited.value - kept.value)
 
@@ -60,7 +58,7 @@ class OverlapGap:
         if gap_seconds is None or gap_seconds < 0.0:
             return
         means = self._waited if overlap_given_up else self._kept
-        means.setdefault(load_bucket(num_requests), _Mean()).add(float(gap_seconds), self.rate)
+        means.setdefault(load_bucket(num_requests), _Mean()).add(float(gap_seconds), self.config.gap_rate)
 
     def summary(self) -> dict:
         """Per load bucket: the gap cost in ms and whether it is learned or the prior."""
@@ -68,7 +66,8 @@ class OverlapGap:
         out = {}
         for bucket in buckets:
             waited, kept = self._waited.get(bucket), self._kept.get(bucket)
-            learned = waited is not None and kept is not None and min(waited.count, kept.count) >= self.min_samples
+            learned = (waited is not None and kept is not None
+                       and min(waited.count, kept.count) >= self.config.gap_min_samples)
             out[bucket] = {"ms": round(1e3 * self.seconds(bucket), 3), "learned": learned,
                            "samples": [waited.count if waited else 0, kept.count if kept else 0]}
         return out

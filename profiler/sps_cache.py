@@ -116,7 +116,7 @@ def _cpu_model_name() -> str:
 def device_name(device: str = "cpu") -> str:
     """A human-readable name of the hardware the timings come from.
 
-    For a CPU the torch thread count is part of the name: on a 2-core machine it changes step times severalfold.
+    For a CPU the torch thread count is part of the name: it changes step times.
     """
     import torch
 

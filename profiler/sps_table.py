@@ -27,8 +27,8 @@ Design (what a reader needs to trust the numbers):
   than ``(R, R·t)``: more requests and more tokens, and a superset of the KV to read. Each probe cell is raised to at
   least the next smaller row's time at the same ``t`` (read inside that row's probed range, never from its tail).
   We deliberately do NOT enforce monotonicity at fixed B: trading draft tokens for requests is not a superset of
-  work, and backends legitimately run a many-request decode and a one-request verify with different kernels; the
-  measured CPU table happens to rise with R at fixed B, but a table that did not would be telling us something.
+  work, and backends legitimately run a many-request decode and a one-request verify with different kernels, so a
+  table that does not rise with R at fixed B is kept as measured.
 * The table keeps the raw (measured) times and derives the enforced ones from them; JSON stores the
   enforced times, so a stored file that is not monotone is corrupt by definition.
 * **CUDA-graph token tiers (optional).** Under SGLang's compact ragged verify with CUDA graphs, a step of ``B``
@@ -165,7 +165,7 @@ class _Row:
             )
         bs, ts, slopes = self._tensors
         # Index of the last probe <= b (bucketize(right=True) - 1). Not bucketize itself: it goes multi-threaded past
-        # 200 elements, and on a busy 2-core host one small OpenMP region can stall the scheduler for milliseconds.
+        # 200 elements, and on a busy host one small OpenMP region can stall the scheduler.
         j = (b.unsqueeze(-1) >= bs).sum(dim=-1).sub_(1).clamp_(min=0)
         return ts[j] + (b.clamp(min=self.verify_tokens[0]) - bs[j]) * slopes[j]
 

@@ -9,10 +9,10 @@
 ``verify``: the SPS table profiled at start-up (``sps_table.py``); ``scale``: its online agreement with the steps
 served (``table_trust.TableAgreement``); ``level`` and ``block``: the rest of a step, learned from every step and
 from drafted/plain pairs (``step_overhead.DraftedAndPlainOverheads``); ``chain``: what a step without the draft pays
-per verified chain token beyond the table's verify (the strided logits, the accept, the draft-KV write of what it
-commits: 2 ms a token at 16 requests on the 2-core CPU, +30 % over the table), learned from those steps
-(:class:`ChainTokenCost`). ``observe`` is the one door through which a served step teaches all four; a chain step
-teaches the level and the scale net of its chain cost.
+per verified chain token (B − R) beyond its scaled table verify and its level, whatever part of the step it goes to,
+learned per load bucket from those steps (:class:`ChainTokenCost`; what it measures to and where it goes:
+docs/lookup.md, "What it costs"). ``observe`` is the one door through which a served step teaches all four; a chain
+step teaches the level and the scale net of its chain cost.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ bucket's first 1/rate steps, then an exponential moving average of it, each upda
 stalled step (a page fault, another process on the cores) as a bucket's first sample would otherwise take tens of
 thousands of bounded updates to wash out, and the draft gate would read a drafted (or skipped) step as far dearer
 than it is all along. A quartile, not the median: a fresh server's first decode steps stall several times in a row
-(first-use allocations and weight packing: five of the first ten drafted steps took 0.6-2.5 s against ~80 ms), and
-a stall only ever makes a step slower, so the typical step is at the low end of the sample.
+(first-use allocations and weight packing can make them many times slower than a typical step), and a stall only
+ever makes a step slower, so the typical step is at the low end of the sample.
 
 With the draft gate, steps come in two kinds, drafted and plain; :class:`DraftedAndPlainOverheads` learns their
 rest as one shared level plus the draft block (its docstring says why not one overhead per kind).
@@ -57,9 +57,8 @@ class StepOverhead:
         # step slower, module docstring), the median for a difference of two steps (symmetric noise).
         self.start_quantile = start_quantile
         # A part that grows with R (a drafted step's draft block runs over every request): read for an R above every
-        # learned bucket, the nearest bucket's value is scaled up by the ratio of the buckets. Taken as it was, one
-        # CPU server's c = 16 drafted steps predicted a c = 64 probe at 2× a plain step where it took 4-10×, and the
-        # probes meant to stay within 2 % of the time took 8 %.
+        # learned bucket, the nearest bucket's value is scaled up by the ratio of the buckets, so a larger load is not
+        # priced at a smaller one's cost (docs/scheduling.md, "Why each rule exists": probes bounded by their net cost).
         self.grows_with_requests = grows_with_requests
         # signed: the learned part may be negative, i.e. a correction of the table's level for the steps actually
         # served (a table profiled while start-up work shared the cores reads too slow; clamping at 0 would keep
@@ -97,9 +96,10 @@ class StepOverhead:
         else:
             self._first.pop(bucket, None)
             current = self._seconds[bucket]
-            # Bounded by the step this bucket is expected to take, not by the measured one: a stalled step (600 s
-            # against 30 ms) moves the estimate by a quarter of 30 ms, where a bound on the measured step let it
-            # add 60 s that took ~20 000 steps to wash out; a real shift still converges, the bound growing with it.
+            # Bounded by the step this bucket is expected to take, not by the measured one: one stalled step moves the
+            # estimate by at most `max_step_fraction` of a typical step, where a bound on the measured step would let
+            # one stall add a share of its own length that bounded updates then take many steps to wash out; a real
+            # shift still converges, the bound growing with it.
             expected = max(max(0.0, base_seconds) + current, 1e-6)
             limit = self.max_step_fraction * expected
             self._seconds[bucket] = current + max(-limit, min(limit, self.rate * (sample - current)))
@@ -150,7 +150,7 @@ class DraftedAndPlainOverheads:
     kind, learned from that kind's steps: the kind not being run then keeps the value it had when it stopped, and a
     drafting spell tends to begin right after a few slow plain steps, a pause right after a few slow drafted steps, so
     the frozen value is the selected one, and the gate's comparison of the two ran on a stale, biased cost for as long
-    as the spell lasted (a one-user plain step predicted at 70 ms through a spell of 45-50 ms steps). Here a slow
+    as the spell lasted (docs/scheduling.md, "Why each rule exists"). Here a slow
     spell moves both kinds alike, and the gate's comparison reads the block, the one thing it decides on.
 
     The block starts from the median of its first pairs (a difference of two steps is symmetric noise; a stall in

@@ -22,7 +22,7 @@ import requests
 
 HOST = "127.0.0.1"
 
-# Flags every CPU server gets: SGLang sizes its KV cache from RAM without --max-total-tokens (15 GB here), and an
+# Flags every CPU server gets: SGLang sizes its KV cache from RAM without --max-total-tokens, and an
 # idle scheduler spins a core at 100 % without --sleep-on-idle (on 2 cores that slows everything else).
 CPU_BASE_ARGS = (
     "--device", "cpu",

@@ -1,13 +1,12 @@
 """Linear products on the CPU through oneDNN with the weight packed once (plain torch; no SGLang imports).
 
 Why: ``F.linear`` in fp32 on a CPU goes to MKL's GEMM, whose cost grows with the number of rows M long before the
-weight read stops dominating: on a 2-core EPYC a layer's linears cost about three times as much at M = 2 as at M = 1
-and five times at M = 8, the LM head twice as much. A speculative verify is exactly such a product (one row per
-verified token), so on the CPU verifying one draft token cost almost a second decode step and drafting could not pay.
-oneDNN's linear with the weight reordered once into its blocked layout (``torch.ops.mkldnn._reorder_linear_weight`` /
-``_linear_pointwise``, the ops torch.compile's CPU backend emits) reads the weight once per call: nearly flat up to
-M = 8, and faster than MKL at M = 1 too. ``python -m sglang_dspark.cpu.packed_linear`` prints both for SmolLM2-135M's
-shapes (docs/cpu.md quotes a run); ``tests/unit/cpu/test_packed_linear.py`` holds the parity.
+weight read stops dominating. A speculative verify is exactly such a product (one row per verified token), so a
+verify row costs nearly a decode step and drafting cannot pay. oneDNN's linear with the weight reordered once into
+its blocked layout (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``, the ops torch.compile's CPU
+backend emits) reads the weight once per call, so its cost stays nearly flat over small M. ``python -m
+sglang_dspark.cpu.packed_linear`` prints both for SmolLM2-135M's shapes (numbers: docs/cpu.md);
+``tests/unit/cpu/test_packed_linear.py`` holds the parity.
 
 An output row comes out bit-identical whatever the other rows (checked in the tests), so a verify row equals the
 decode row of the same input, which plain MKL did not promise, and padding a product to its row bucket changes none
@@ -26,11 +25,11 @@ from typing import Optional
 import torch
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
-# oneDNN builds and caches one primitive per input shape (~0.6 MB each for SmolLM2's layers): left to every row count a
-# server meets (every prompt length), a long-running server grew by hundreds of MB. So only products of at most
-# MAX_PACKED_ROWS rows (decode, verify, draft blocks: where MKL is at its worst) take this path, their row count rounded
-# up to a bucket (zero rows appended: a row's result does not depend on the others), and a new product shape builds all
-# of its buckets at its first call, so that memory is reached at start-up and stays flat after.
+# oneDNN builds and caches one primitive per input shape: left to every row count a server meets (every prompt
+# length), memory grows without bound (docs/cpu.md). So only products of at most MAX_PACKED_ROWS rows (decode,
+# verify, draft blocks: where MKL is at its worst) take this path, their row count rounded up to a bucket (zero rows
+# appended: a row's result does not depend on the others), and a new product shape builds all of its buckets at its
+# first call, so that memory is reached at start-up and stays flat after.
 ROW_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MAX_PACKED_ROWS = ROW_BUCKETS[-1]
 

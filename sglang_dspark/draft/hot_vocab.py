@@ -20,7 +20,7 @@ target's token is not hot: the hot set's coverage of the target's outputs bounds
 The tensors stay ``|V|`` wide (``-inf`` / zero filled), so every consumer downstream (the Markov sampling step, the
 kept step logits of a sampled verify, the confidence head reading token ids) sees the shapes and ids it always saw.
 The one exception is the serial Markov loop on the CPU (:func:`hot_markov_block`): γ slots × (bias fill, add, argmax or
-cumulative sum) over ``|V|`` columns of which ``|V| − |H|`` hold ``-inf`` was a third of the draft block's sampling, so
+cumulative sum) over ``|V|`` columns of which ``|V| − |H|`` hold ``-inf`` is wasted work over ``-inf`` columns, so
 the loop runs over the ``|H|`` columns in ascending id order and widens its kept logits once at the end. Same tokens,
 same kept logits (the test proves it against the wide loop): ``-inf`` columns add nothing to a float64 cumulative sum
 nor win an argmax, and ascending order keeps the lowest-id tie-break and the summation order.
@@ -182,8 +182,8 @@ def hot_markov_bias_columns(latent: torch.Tensor, hot_w2: torch.Tensor,
     """``[N, |H|]`` Markov bias ``latent @ hot_w2ᵀ``, one column per hot row. ``packed``: as in
     :func:`hot_logits_columns`. ``hot_w2_t``: ``hot_w2ᵀ`` stored contiguous (``[r, |H|]``), for a single row: with a
     narrow latent (r = 64) a one-row product over that layout streams the weight as a plain GEMV, where oneDNN's
-    blocked layout costs more than half as much again (and one user's draft block runs seven of them in a row, one per
-    Markov slot); from two rows on the packed weight is the faster one."""
+    blocked layout is slower for one row (docs/scheduling.md, FR-Spec; one user's draft block runs one per Markov
+    slot); from two rows on the packed weight is the faster one."""
     if hot_w2_t is not None and latent.dim() == 2 and latent.shape[0] == 1 and latent.dtype == hot_w2_t.dtype:
         return torch.mm(latent, hot_w2_t)
     usable = packed is not None and latent.dtype == hot_w2.dtype and fits(latent)

@@ -273,7 +273,7 @@ def ensure_smollm2(
     folder = cache / f"{FOLDER_PREFIX}-{dtype}"
     gguf_path = find_gguf()
 
-    # Hashing 98 MB costs ~0.3 s; it keeps a reinstalled or changed wheel from serving a stale folder.
+    # Hashing the GGUF on every call keeps a reinstalled or changed wheel from serving a stale folder.
     stamp = _stamp(file_sha256(gguf_path), dtype)
     if not force and _is_complete(folder, stamp):
         return folder

@@ -453,8 +453,7 @@ def lookup_note(raw: Any, facts: EngineFacts, decision: VerifyModeDecision, gamm
     """Whether prompt lookup runs beside the draft (engine/lookup_source.py) and what it does on this engine: it rides
     on the draft gate, which needs compact verify, the async or exact policy and one rank deciding alone."""
     from sglang_dspark import envs
-    from sglang_dspark.profiler.overlap_gap import GPU_GAP_PRIOR_SECONDS, GPU_GAP_PRIOR_SECONDS_PER_REQUEST
-    from sglang_dspark.scheduling.lookup_choice import CHAIN_MIN_GAIN
+    from sglang_dspark.lookup.config import DEFAULT as config
 
     mode = envs.LOOKUP.get()
     if mode == "off":
@@ -475,21 +474,21 @@ def lookup_note(raw: Any, facts: EngineFacts, decision: VerifyModeDecision, gamm
         anchors = ("" if publishes else f"{facts.attention_backend} publishes no host sequence lengths under the "
                    "overlap scheduler, so ")
         gap = ("a wait costs no device time here (the forward runs on the host)" if facts.device == "cpu" else
-               f"a wait costs the device an idle gap, {1e3 * GPU_GAP_PRIOR_SECONDS:g} ms + "
-               f"{1e6 * GPU_GAP_PRIOR_SECONDS_PER_REQUEST:g} us per request until the step records time it")
+               f"a wait costs the device an idle gap, {1e3 * config.gap_prior_seconds:g} ms + "
+               f"{1e6 * config.gap_prior_seconds_per_request:g} us per request until the step records time it")
         overlap = (f"{anchors}rows are anchored on the scheduler's committed lengths (proposals on every backend); "
                    "a decode batch with a lookup match waits for the previous result (gives up SGLang's overlap for "
                    "that step) only while chains are verified at that load and their predicted saving per step is at "
-                   f"least the wait's cost: {gap}; otherwise it keeps the overlap (one batch in 16 still waits, to "
-                   "weigh the chains again)")
+                   f"least the wait's cost: {gap}; otherwise it keeps the overlap (one batch in "
+                   f"{config.overlap_patience} still waits, to weigh the chains again)")
     if facts.device != "cpu":
         where += (" (the step's token tier widened to the chains), its lengths and tokens copied to the device "
                   "pinned and without blocking; a drafted step with lookup rows takes the eager accept")
     where += f"; {overlap}"
     return (f"{'forced (every proposal verified in full)' if mode == 'forced' else 'on'}: per request and step, the "
-            f"continuation of the longest recent match (2..6 tokens) of its tail in its own prompt + output, up to "
+            f"continuation of the longest recent match ({config.min_ngram}..{config.max_ngram} tokens) of its tail in its own prompt + output, up to "
             f"γ = {gamma} tokens, verified when its learned acceptance (per match length and sampling class) × step "
-            f"speed beats the step without it by {CHAIN_MIN_GAIN:.0%}; the draft "
+            f"speed beats the step without it by {config.chain_min_gain:.0%}; the draft "
             f"runs only where it pays on the requests without a proposal; {where}")
 
 

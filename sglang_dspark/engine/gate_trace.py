@@ -54,3 +54,19 @@ class GateTrace:
         except OSError as exc:
             self._failed = True
             logger.warning("sglang-dspark: gate trace %s cannot be written (%s); tracing stopped", self.path, exc)
+
+    def write_step(self, record, gate, lookup, sps_table, undrafted_cost) -> None:
+        """The line of one observed step (module docstring): ``gate`` as it decided (before the step teaches it; None:
+        no gate), ``lookup`` the lookup source, ``sps_table`` the profiled table (None: none), ``undrafted_cost`` a
+        step without the draft's cost (None: not known)."""
+        num_requests = len(record.commit_lens)
+        fields = {"R": num_requests, "drafted": bool(record.drafted), "seconds": record.seconds,
+                  "verify_tokens": sum(record.verify_lens), "committed": sum(record.commit_lens)}
+        if gate is not None:
+            fields["reason"] = gate.last.reason if gate.last is not None else None
+            fields.update(gate.trace_fields(record.gate_choice, num_requests))
+        if sps_table is not None and num_requests > 0:
+            fields["table_seconds"] = sps_table.step_seconds(num_requests, sum(record.verify_lens))
+        if record.lookup is not None:
+            fields.update(lookup.trace_fields(record, undrafted_cost if not record.drafted else None))
+        self.write(fields)

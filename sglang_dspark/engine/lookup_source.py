@@ -1,15 +1,17 @@
 """Prompt lookup as a proposal source of our DSPARK planner (SGLang adapter; issue #39).
 
 Per decode step, on the host, before the step runs: each request's lookup proposal (``lookup/book.py``, from the
-tokens the scheduler holds), its acceptance estimates (``lookup/calibration.py``) and the rows that take it
-(``scheduling/lookup_choice.py``), as a frozen :class:`~sglang_dspark.engine.step_plan.LookupPlan`. After the step,
-:meth:`LookupSource.observe` reads the step record (verify and commit lengths) to teach the calibration and count what
-each source proposed, verified and got accepted.
+tokens the scheduler holds) with its acceptance estimates (``lookup/calibration.py``), as frozen
+:class:`~sglang_dspark.scheduling.step_plan.LookupChains`; which rows take them is the step chooser's
+(``scheduling/step_choice.py``). After the step, :meth:`LookupSource.observe` reads the step record (its plan, verify
+and commit lengths) to teach the calibration and count what each source proposed, verified and got accepted.
+:class:`NullLookup` is the source with the lookup off (``SGLANG_DSPARK_LOOKUP=off``): it proposes nothing.
 
 A proposal is made only for rows whose host tokens are current: the anchor is the last token the host holds
 (:func:`current_rows`). Under SGLang's overlap scheduler ``patches/lookup_current_tokens.py`` runs a batch with a lookup
 match after the previous result is processed while chains are being verified at that load and pay for the wait
-(:meth:`LookupSource.needs_current_tokens`, ``scheduling/current_tokens.py``), and tells this source, per batch,
+(:meth:`LookupSource.needs_current_tokens`, ``scheduling/current_tokens.py``; the patch reaches this source through
+the scheduler's draft worker), and tells this source, per batch,
 whether its tokens are current (``BatchLaunch``); every such wait is observed, with or without a proposal after it,
 so a backend or load where chains do not pay goes back to the overlap. Nothing here reads a device tensor, and no
 row is ever anchored on the KV reservation (the spec info's ``nxt_kv_lens_cpu``: committed + two blocks).
@@ -21,54 +23,35 @@ import functools
 import logging
 import math
 import time
-from typing import NamedTuple, Optional
+from typing import Optional, Union
 
 import torch
 
 from sglang_dspark import envs
-from sglang_dspark.engine.step_plan import LookupPlan
-from sglang_dspark.lookup.active import set_active_lookup
-from sglang_dspark.lookup.book import BatchProposals, LookupBook
-from sglang_dspark.lookup.calibration import GREEDY, LookupCalibration, sampling_class
+from sglang_dspark.lookup.book import LookupBook
+from sglang_dspark.lookup.calibration import GREEDY, LookupCalibration
+from sglang_dspark.lookup.config import DEFAULT, LookupConfig
 from sglang_dspark.profiler.overlap_gap import OverlapGap
 from sglang_dspark.patches.lookup_current_tokens import LAUNCH_ATTRIBUTE, BatchLaunch
 from sglang_dspark.scheduling.current_tokens import CurrentTokensPolicy
-from sglang_dspark.scheduling.lookup_choice import (
-    chain_saving_seconds,
-    lookup_conditionals,
-    lookup_lengths,
-    prefers_lookup,
-)
+from sglang_dspark.scheduling.step_choice import chain_saving_seconds, lookup_conditionals
+from sglang_dspark.scheduling.step_plan import LookupChains, StepPlan
 
 logger = logging.getLogger(__name__)
 
 STEP_KINDS = ("plain", "drafted", "lookup", "mixed")
 
 
-class Proposed(NamedTuple):
-    """One step's proposals (``lookup/book.BatchProposals``) and their [R, γ] acceptance estimates (``explored``:
-    the optimistic estimates of an exploring step; ``kinds [R]``: the rows' sampling classes, ``lookup/calibration.py``)."""
-
-    proposals: BatchProposals
-    conditional: torch.Tensor
-    explored: bool = False
-    kinds: Optional[torch.Tensor] = None
-
-    @property
-    def rows(self) -> torch.Tensor:
-        return self.proposals.lengths > 0
-
-
 def _request_tokens(req):
     return req.rid, req.origin_input_ids, req.output_ids
 
 
-def _sampling_class(req) -> int:
+def _sampling_class(req, calibration: LookupCalibration) -> int:
     """The request's sampling class for the calibration (greedy where SGLang's parameters are not there to read)."""
     params = getattr(req, "sampling_params", None)
     if params is None:
         return GREEDY
-    return sampling_class(getattr(params, "temperature", 1.0), getattr(params, "top_k", 1))
+    return calibration.sampling_class(getattr(params, "temperature", 1.0), getattr(params, "top_k", 1))
 
 
 def _committed_len(req) -> Optional[int]:
@@ -103,14 +86,17 @@ def _tokens_left(req) -> int:
 
 
 class LookupSource:
-    def __init__(self, gamma: int, *, forced: bool = False, on_host: bool = True) -> None:
-        """``on_host``: the model runs on the host (the CPU), where waiting for a result costs no device time."""
+    def __init__(self, gamma: int, *, forced: bool = False, on_host: bool = True,
+                 config: LookupConfig = DEFAULT) -> None:
+        """``on_host``: the model runs on the host (the CPU), where waiting for a result costs no device time;
+        ``config``: every tuned constant of the lookup (``lookup/config.py``)."""
         self.gamma = int(gamma)
         self.forced = forced
-        self.book = LookupBook()
-        self.calibration = LookupCalibration(max_tokens=max(1, self.gamma))
-        self.current_tokens = CurrentTokensPolicy()
-        self.overlap_gap = OverlapGap(on_host=on_host)  # what waiting for the previous result costs (profiler/)
+        self.config = config
+        self.book = LookupBook(config)
+        self.calibration = LookupCalibration(max_tokens=max(1, self.gamma), config=config)
+        self.current_tokens = CurrentTokensPolicy(config)
+        self.overlap_gap = OverlapGap(on_host=on_host, config=config)  # what waiting for the previous result costs
         self.overlap_given_up = 0  # decode batches that waited for current tokens
         self.steps = dict.fromkeys(STEP_KINDS, 0)
         self.lookup_rows = self.lookup_verified = self.lookup_accepted = 0
@@ -120,14 +106,13 @@ class LookupSource:
         self.proposal_steps = 0  # planned steps with a proposal: every ``explore_every``-th explores
         self.plan_seconds = 0.0  # host time of propose() over all steps (the lookup's cost per step)
 
+    enabled = True
+
     @classmethod
-    def from_env(cls, gamma: int, *, on_host: bool = True) -> Optional["LookupSource"]:
-        """The source ``SGLANG_DSPARK_LOOKUP`` asks for (None: off), also the one the scheduler-side patch asks
-        (``patches/lookup_current_tokens.py``, through ``lookup/active.py``)."""
+    def from_env(cls, gamma: int, *, on_host: bool = True) -> Union["LookupSource", "NullLookup"]:
+        """The source ``SGLANG_DSPARK_LOOKUP`` asks for (:class:`NullLookup` when off)."""
         mode = envs.LOOKUP.get()
-        source = None if mode == "off" else cls(gamma, forced=mode == "forced", on_host=on_host)
-        set_active_lookup(source)
-        return source
+        return NULL_LOOKUP if mode == "off" else cls(gamma, forced=mode == "forced", on_host=on_host)
 
     # ------------------------------------------------------------------ before a batch is launched
 
@@ -139,7 +124,7 @@ class LookupSource:
 
     # ------------------------------------------------------------------ before a step
 
-    def propose(self, batch) -> Optional[Proposed]:
+    def propose(self, batch) -> Optional[LookupChains]:
         """This step's proposals and their acceptance estimates (None: no row has one)."""
         started = time.perf_counter()
         try:
@@ -148,7 +133,7 @@ class LookupSource:
             self.plan_seconds += time.perf_counter() - started
             self.planned_steps += 1
 
-    def _propose(self, batch) -> Optional[Proposed]:
+    def _propose(self, batch) -> Optional[LookupChains]:
         reqs = list(getattr(batch, "reqs", None) or ())
         self.book.retain(req.rid for req in reqs)
         if not reqs:
@@ -170,37 +155,19 @@ class LookupSource:
         self.proposals += int((proposals.lengths > 0).sum())
         explore = self.calibration.explores(self.proposal_steps)
         self.proposal_steps += 1
-        kinds = torch.tensor([_sampling_class(req) for req in reqs], dtype=torch.int64)
+        kinds = torch.tensor([_sampling_class(req, self.calibration) for req in reqs], dtype=torch.int64)
         conditional = lookup_conditionals(proposals.lengths, proposals.match_lens, self.gamma,
                                           functools.partial(self.calibration.planning, explore=explore), kinds)
-        return Proposed(proposals, conditional, explore, kinds)
+        return LookupChains(tokens=proposals.tokens, lengths=proposals.lengths, match_lens=proposals.match_lens,
+                            conditional=conditional, explored=explore, kinds=kinds)
 
-    def rows_for(self, proposed: Optional[Proposed], *, drafted: bool, draft_survival: Optional[torch.Tensor],
-                 cost) -> Optional[LookupPlan]:
-        """The step's lookup rows (None: none). Lengths by the global capacity search over the estimates with ``cost``,
-        the rate of a step without the draft block (None: not known yet, every proposed token); on a drafted step (``drafted``)
-        only rows expecting at least the draft's tokens (``draft_survival``, the [R, γ] survivals the gate read)."""
-        if proposed is None:
-            return None
-        plan = self._rows_for(proposed, drafted=drafted, draft_survival=draft_survival, cost=cost)
-        saved = chain_saving_seconds(plan.conditional, plan.lengths, cost) if plan is not None else 0.0
-        self.current_tokens.observe(len(proposed.proposals.lengths), verified_chains=plan is not None,
-                                    saved_seconds=saved)
-        return plan
-
-    def _rows_for(self, proposed: Proposed, *, drafted: bool, draft_survival: Optional[torch.Tensor],
-                  cost) -> Optional[LookupPlan]:
-        proposals, conditional = proposed.proposals, proposed.conditional
-        lengths = lookup_lengths(conditional, cost, forced=self.forced, proposed=proposals.lengths)
-        if drafted and not self.forced:
-            known = draft_survival if draft_survival is not None and draft_survival.shape == conditional.shape else None
-            lengths = torch.where(prefers_lookup(conditional, known), lengths, torch.zeros_like(lengths))
-        if not bool((lengths > 0).any()):
-            return None
-        conditional = torch.where(torch.arange(self.gamma) < lengths[:, None], conditional,
-                                  torch.zeros_like(conditional))
-        return LookupPlan(tokens=proposals.tokens, lengths=lengths, match_lens=proposals.match_lens,
-                          conditional=conditional, explored=proposed.explored, kinds=proposed.kinds)
+    def chosen(self, plan: StepPlan, num_requests: int, cost) -> None:
+        """The chooser's plan for a step this source proposed for: whether it verified chains, and their predicted
+        saving with ``cost`` (a step without the draft), teach the current-tokens policy before the next launch
+        (the step's record comes too late for that)."""
+        chains = plan.lookup
+        saved = chain_saving_seconds(chains.conditional, chains.lengths, cost) if chains is not None else 0.0
+        self.current_tokens.observe(num_requests, verified_chains=chains is not None, saved_seconds=saved)
 
     # ------------------------------------------------------------------ after a step
 
@@ -208,10 +175,8 @@ class LookupSource:
         """A finished decode step (``engine/step_record.StepRecord``): the lookup rows teach the calibration; every
         row counts toward its source."""
         self.overlap_gap.observe(len(record.commit_lens), record.gap_seconds, record.overlap_given_up)
-        lookup: Optional[LookupPlan] = record.lookup
-        kind = ("mixed" if record.drafted else "lookup") if lookup is not None else (
-            "drafted" if record.drafted else "plain")
-        self.steps[kind] += 1
+        lookup: Optional[LookupChains] = record.lookup
+        self.steps[record.kind] += 1
         rows = lookup.rows.tolist() if lookup is not None and len(lookup.lengths) == len(record.commit_lens) else None
         for i, (verified, committed) in enumerate(zip(record.verify_lens, record.commit_lens)):
             proposed, accepted = max(0, verified - 1), max(0, min(committed, verified) - 1)
@@ -231,7 +196,7 @@ class LookupSource:
         verified, the accepted chain tokens the choice expected (Σ of the planned survivals, the estimates it planned
         with) and those it got, whether it was an exploring step, and, given ``cost`` (a step without the draft), the
         seconds that cost predicted."""
-        plan: LookupPlan = record.lookup
+        plan: LookupChains = record.lookup
         rows = plan.rows.tolist()
         got = sum(max(0, min(c, v) - 1) for row, v, c in zip(rows, record.verify_lens, record.commit_lens) if row)
         fields = {"lookup_rows": int(sum(rows)), "lookup_tokens": int(plan.lengths.sum()),
@@ -264,4 +229,32 @@ class LookupSource:
         }
 
 
-__all__ = ["LookupSource", "Proposed", "STEP_KINDS", "current_rows"]
+class NullLookup:
+    """The lookup source when the lookup is off: proposes nothing, never asks for current tokens, learns nothing."""
+
+    enabled = forced = False
+    config = DEFAULT
+
+    def needs_current_tokens(self, reqs) -> bool:
+        return False
+
+    def propose(self, batch) -> None:
+        return None
+
+    def chosen(self, plan: StepPlan, num_requests: int, cost) -> None:
+        return None
+
+    def observe(self, record) -> None:
+        return None
+
+    def trace_fields(self, record, cost) -> dict:
+        return {}
+
+    def summary(self) -> None:
+        return None
+
+
+NULL_LOOKUP = NullLookup()
+
+
+__all__ = ["NULL_LOOKUP", "LookupSource", "NullLookup", "STEP_KINDS", "current_rows"]

@@ -11,10 +11,23 @@ Both sides live in the scheduler process, next to the worker that records the st
   ``MultiProcessCollector``). Metrics created in the scheduler therefore appear there without any HTTP-side code.
   We create ours right after the scheduler builds its metrics reporter, only on the ranks where SGLang's own
   scheduler metrics are live, and with the same labels; we refresh them at the decode-log ticks
-  (``--decode-log-interval``), the cadence of SGLang's own ``sglang:spec_accept_length``. With prompt lookup beside
-  the draft (``SGLANG_DSPARK_LOOKUP``, ``engine/lookup_source.py``) the summary's ``lookup`` section adds the
-  ``sglang_dspark:lookup_*`` gauges: decode steps per kind, rows / verified / accepted tokens per proposal source,
-  the lookup's calibration ECE and its planning cost; they are absent while the lookup is off.
+  (``--decode-log-interval``), the cadence of SGLang's own ``sglang:spec_accept_length``.
+
+Names: ``sglang:dspark_<thing>``, in SGLang's ``sglang:`` namespace next to ``sglang:spec_accept_length`` (dashboards
+that select ``sglang:*`` pick them up), the ``dspark_`` prefix keeping them apart from upstream's names. As SGLang's
+own, counters are named ``..._total`` (prometheus_client strips that suffix and puts it back once on the sample),
+lengths say ``length`` and times are in seconds.
+
+Kinds: every lifetime total of the summary (decode steps, their time, request-steps per admitted / accepted draft
+length, calibration bin sums, draft gate decisions, the lookup's steps per kind and rows / verified / accepted tokens
+per source) is a **counter**, advanced at each refresh by the delta since the previous one (``_LifetimeCounter``:
+never negative; a total that went back, e.g. after ``AdmissionStats.reset()``, adds nothing that time and is logged
+once); ``rate()`` / ``increase()`` over them give any window's traffic. States (means, shares, ECEs, the SPS table's
+age, the policy in use) are **gauges** with ``multiprocess_mode="mostrecent"``, as SGLang's: /metrics shows the
+last value a process wrote, per label set, without a ``pid`` label. Counters need no mode: the multiprocess collector
+sums them over processes, and each scheduler rank has its own label set. With prompt lookup beside the draft
+(``SGLANG_DSPARK_LOOKUP``, ``engine/lookup_source.py``) the summary's ``lookup`` section adds the
+``sglang:dspark_lookup_*`` series; they are absent while the lookup is off.
 """
 
 from __future__ import annotations
@@ -39,6 +52,8 @@ SERVER_INFO_KEY = "dspark_admission"
 # Attribute we hang on SGLang's SchedulerMetricsReporter: one exporter per reporter, None where metrics are off.
 EXPORTER_ATTR = "dspark_admission_exporter"
 UNSET_POLICY = "unset"
+# Our metrics sit in SGLang's namespace (module docstring): sglang:dspark_<thing>, counters ending in _total.
+METRIC_PREFIX = "sglang:dspark_"
 # Proposal sources of a decode step with prompt lookup beside the draft (engine/lookup_source.py summary()).
 LOOKUP_SOURCES = ("lookup", "draft")
 
@@ -110,9 +125,77 @@ def export_at_decode_log_tick(result: Any, reporter: Any, *args: Any, **kwargs: 
         logger.exception("sglang-dspark: could not update the admission metrics")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
 def _gauge_value(value: Any) -> float:
     # NaN, not 0, for "nothing measured yet": a 0 ECE or accept length would read as a real measurement.
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    return float(value) if _is_number(value) else math.nan
+
+
+def _scaled(value: Any, factor: float) -> float | None:
+    return float(value) * factor if _is_number(value) else None
+
+
+class _LifetimeCounter:
+    """A Prometheus counter fed with the summary's lifetime totals: each refresh adds the delta since the previous one.
+
+    A total that went back (``AdmissionStats.reset()``) adds nothing that time and is logged once per counter; later
+    increases count from the new value. A total that is not a number is left out. A new label set is created at 0,
+    so that ``rate()`` sees its first increase."""
+
+    # Below this (relative) a decrease is float rounding (a total computed as the difference of two float sums).
+    ROUNDING = 1e-9
+
+    def __init__(self, counter: Any, name: str, labels: Mapping[str, str]) -> None:
+        self.counter = counter
+        self.name = name
+        self.labels = labels
+        self._exported: dict[tuple[tuple[str, str], ...], float] = {}
+        self._warned = False
+
+    def advance(self, total: Any, **extra_labels: str) -> None:
+        if not _is_number(total):
+            return
+        key = tuple(sorted(extra_labels.items()))
+        total = float(total)
+        previous = self._exported.get(key, 0.0)
+        series = self.counter.labels(**self.labels, **extra_labels)
+        delta = total - previous
+        if delta > 0:
+            series.inc(delta)
+        elif delta < 0 and -delta <= self.ROUNDING * max(1.0, abs(previous)):
+            return  # rounding: keep the higher baseline, so nothing is counted twice
+        elif delta < 0 and not self._warned:
+            self._warned = True
+            logger.warning(
+                "sglang-dspark: the lifetime total behind %s%s went back from %s to %s (stats reset?); that delta is "
+                "skipped and later increases count again (logged once per counter)",
+                self.name, dict(extra_labels) or "", previous, total,
+            )
+        self._exported[key] = total
+
+    def advance_each(self, totals: Any, label: str) -> None:
+        """Totals per value of ``label``: a dict, or a list indexed by the value. A value exported before but absent
+        now reads 0 (a histogram bucket or a reason gone after a reset). Neither a dict nor a list: nothing."""
+        if isinstance(totals, Mapping):
+            values = {str(k): v for k, v in totals.items()}
+        elif isinstance(totals, (list, tuple)):
+            values = {str(i): v for i, v in enumerate(totals)}
+        else:
+            return
+        for key in self._exported:
+            if len(key) == 1 and key[0][0] == label and key[0][1] not in values:
+                values[key[0][1]] = 0
+        for value, total in values.items():
+            self.advance(total, **{label: value})
+
+    def advance_split(self, total: Any, drafted: Any) -> None:
+        """A total and its drafted part, as ``drafted="true"`` and ``drafted="false"`` (the two sum to the total)."""
+        if _is_number(total) and _is_number(drafted):
+            self.advance(drafted, drafted="true")
+            self.advance(total - drafted, drafted="false")
 
 
 class AdmissionMetricsExporter:
@@ -129,104 +212,146 @@ class AdmissionMetricsExporter:
         def gauge(name: str, documentation: str, extra_labels: tuple[str, ...] = ()) -> Any:
             # "mostrecent": with several processes, /metrics shows the latest value written, like SGLang's gauges.
             return Gauge(
-                name, documentation, labelnames=names + list(extra_labels), multiprocess_mode="mostrecent",
-                registry=registry,
+                METRIC_PREFIX + name, documentation, labelnames=names + list(extra_labels),
+                multiprocess_mode="mostrecent", registry=registry,
             )
 
-        self.mean_admitted_draft_len = gauge(
-            "sglang_dspark:mean_admitted_draft_len", "Mean number of draft tokens admitted to verification per request."
+        def counter(name: str, documentation: str, extra_labels: tuple[str, ...] = ()) -> _LifetimeCounter:
+            assert name.endswith("_total")  # SGLang's convention; prometheus_client exposes it once either way
+            full_name = METRIC_PREFIX + name
+            prometheus_counter = Counter(
+                full_name, documentation, labelnames=names + list(extra_labels), registry=registry,
+            )
+            return _LifetimeCounter(prometheus_counter, full_name, self.labels)
+
+        # ------------------------------------------------------------------------------------------ gauges: states
+        self.mean_admitted_draft_length = gauge(
+            "mean_admitted_draft_length", "Mean number of draft tokens admitted to verification per request-step."
         )
-        self.mean_accept_len = gauge(
-            "sglang_dspark:mean_accept_len", "Mean accept length per request and step (accepted drafts + bonus token)."
+        self.mean_accept_length = gauge(
+            "mean_accept_length", "Mean accept length per request-step (accepted drafts + bonus token)."
         )
         self.confidence_ece = gauge(
-            "sglang_dspark:confidence_ece",
+            "confidence_ece",
             "Expected calibration error (10 bins) of the predicted draft survival over the recent window.",
         )
         self.confidence_ece_window = gauge(
-            "sglang_dspark:confidence_ece_window", "Number of (prediction, outcome) pairs behind confidence_ece."
+            "confidence_ece_window", "Number of (prediction, outcome) pairs in the window behind confidence_ece."
         )
         self.mean_predicted_survival = gauge(
-            "sglang_dspark:mean_predicted_survival", "Mean predicted survival of verified draft positions (window)."
+            "mean_predicted_survival", "Mean predicted survival of verified draft positions (window)."
         )
         self.mean_observed_survival = gauge(
-            "sglang_dspark:mean_observed_survival", "Share of verified draft positions that were accepted (window)."
+            "mean_observed_survival", "Share of verified draft positions that were accepted (window)."
         )
-        self.mean_step_ms = gauge("sglang_dspark:mean_step_ms", "Mean decode step time in milliseconds.")
+        self.mean_step_seconds = gauge("mean_step_seconds", "Mean decode step time in seconds since start.")
         self.drafted_step_share = gauge(
-            "sglang_dspark:drafted_step_share",
+            "drafted_step_share",
             "Share of decode steps that ran the draft block (the draft gate skips it where a plain step pays more).",
         )
-        self.sps_table_age_seconds = gauge(
-            "sglang_dspark:sps_table_age_seconds", "Age of the SPS table in use, at the last refresh."
-        )
-        self.admitted_len_share = gauge(
-            "sglang_dspark:admitted_draft_len_share",
-            "Share of request-steps that admitted draft_len draft tokens.",
+        self.sps_table_age_seconds = gauge("sps_table_age_seconds", "Age of the SPS table in use, at the last refresh.")
+        self.admitted_length_share = gauge(
+            "admitted_draft_length_share", "Share of request-steps that admitted draft_len draft tokens.",
             ("draft_len",),
         )
         self.policy_info = gauge(
-            "sglang_dspark:admission_policy_info", "1 for the admission policy in use, 0 for earlier ones.", ("policy",)
+            "admission_policy_info", "1 for the admission policy in use, 0 for earlier ones.", ("policy",)
         )
-        # Prompt lookup beside the draft (summary()["lookup"], engine/lookup_source.py). The counts are lifetime
-        # totals of the scheduler process, exported as they are: delta() over a window gives that window's traffic.
-        self.lookup_steps = gauge(
-            "sglang_dspark:lookup_steps",
-            "Decode steps by kind since start: plain (no draft, no lookup), drafted (draft only), lookup (lookup "
-            "chains, no draft forward), mixed (drafted step where some rows verified a lookup chain).",
-            ("kind",),
+        self.draft_gate_paused = gauge("draft_gate_paused", "1 while the draft gate pauses drafting, else 0.")
+
+        # ------------------------------------------------------------------------------ counters: lifetime totals
+        self.decode_steps = counter(
+            "decode_steps_total", "Decode steps recorded, by whether they ran the draft block.", ("drafted",)
         )
-        self.lookup_source_rows = gauge(
-            "sglang_dspark:lookup_source_rows",
-            "Request-steps that verified the source's proposal (lookup or draft) since start.",
-            ("source",),
+        self.timed_decode_steps = counter(
+            "timed_decode_steps_total", "Decode steps with a measured time (behind decode_step_seconds).", ("drafted",)
         )
-        self.lookup_source_verified_tokens = gauge(
-            "sglang_dspark:lookup_source_verified_tokens",
-            "Proposed tokens of the source (lookup or draft) verified by the target since start.",
-            ("source",),
-        )
-        self.lookup_source_accepted_tokens = gauge(
-            "sglang_dspark:lookup_source_accepted_tokens",
-            "Proposed tokens of the source (lookup or draft) the target accepted since start.",
-            ("source",),
-        )
-        self.lookup_source_accept_len = gauge(
-            "sglang_dspark:lookup_source_accept_len",
-            "Mean accept length of the request-steps that verified the source (1 + accepted / rows) since start.",
-            ("source",),
-        )
-        self.lookup_ece = gauge(
-            "sglang_dspark:lookup_ece", "Expected calibration error of the prompt lookup's acceptance estimates."
-        )
-        self.lookup_plan_us_per_step = gauge(
-            "sglang_dspark:lookup_plan_us_per_step",
-            "Mean host time in microseconds the prompt lookup spends planning a decode step.",
+        self.decode_step_seconds = counter(
+            "decode_step_seconds_total",
+            "Time of the timed decode steps in seconds; rate() over timed_decode_steps_total gives the mean.",
+            ("drafted",),
         )
         # A counter per bucket, not a Histogram: a Histogram takes one observe() per request, these take one inc()
         # per bucket and refresh; rate() over them gives the distribution.
-        self.admitted_len_requests = Counter(
-            "sglang_dspark:admitted_draft_len_requests",
-            "Request-steps that admitted draft_len draft tokens.",
-            labelnames=names + ["draft_len"],
-            registry=registry,
+        self.admitted_length_requests = counter(
+            "admitted_draft_length_requests_total", "Request-steps that admitted draft_len draft tokens.",
+            ("draft_len",),
         )
-        self._exported_counts: list[int] = []
+        self.accepted_length_requests = counter(
+            "accepted_draft_length_requests_total", "Request-steps that accepted draft_len draft tokens.",
+            ("draft_len",),
+        )
+        # The lifetime calibration bins: the ECE of any window is
+        # sum(abs(increase(observed) - increase(predicted))) / sum(increase(pairs)).
+        self.calibration_pairs = counter(
+            "calibration_pairs_total",
+            "Verified draft positions whose predicted survival fell in bin (bin b: [b/10, (b+1)/10)).",
+            ("bin",),
+        )
+        self.calibration_predicted = counter(
+            "calibration_predicted_survival_total", "Sum of the predicted survival of the bin's positions.", ("bin",)
+        )
+        self.calibration_observed = counter(
+            "calibration_observed_survival_total", "Accepted positions of the bin (sum of the outcomes).", ("bin",)
+        )
+        self.draft_gate_decisions = counter(
+            "draft_gate_decisions_total", "Draft gate decisions by outcome (drafted or skipped).", ("outcome",)
+        )
+        self.draft_gate_reasons = counter(
+            "draft_gate_decision_reasons_total", "Draft gate decisions by reason.", ("reason",)
+        )
+        self.draft_gate_pauses = counter("draft_gate_pauses_total", "Times the draft gate paused drafting.")
+        self.draft_gate_resumes = counter("draft_gate_resumes_total", "Times the draft gate resumed drafting.")
+
+        # Prompt lookup beside the draft (summary()["lookup"], engine/lookup_source.py).
+        self.lookup_steps = counter(
+            "lookup_steps_total",
+            "Decode steps by kind: plain (no draft, no lookup), drafted (draft only), lookup (lookup chains, no draft "
+            "forward), mixed (drafted step where some rows verified a lookup chain).",
+            ("kind",),
+        )
+        self.lookup_proposals = counter(
+            "lookup_proposals_total", "Request-steps for which the prompt lookup found a proposal."
+        )
+        self.lookup_source_rows = counter(
+            "lookup_source_rows_total", "Request-steps that verified the source's proposal (lookup or draft).",
+            ("source",),
+        )
+        self.lookup_source_verified_tokens = counter(
+            "lookup_source_verified_tokens_total", "Proposed tokens of the source verified by the target.", ("source",)
+        )
+        self.lookup_source_accepted_tokens = counter(
+            "lookup_source_accepted_tokens_total", "Proposed tokens of the source the target accepted.", ("source",)
+        )
+        self.lookup_overlap_given_up_steps = counter(
+            "lookup_overlap_given_up_steps_total",
+            "Decode batches that gave up the overlap scheduler's head start to wait for their current tokens.",
+        )
+        self.lookup_source_accept_length = gauge(
+            "lookup_source_accept_length",
+            "Mean accept length of the request-steps that verified the source (1 + accepted / rows) since start.",
+            ("source",),
+        )
+        self.lookup_ece = gauge("lookup_ece", "Expected calibration error of the prompt lookup's acceptance estimates.")
+        self.lookup_plan_seconds_per_step = gauge(
+            "lookup_plan_seconds_per_step", "Mean host time in seconds the prompt lookup spends planning a decode step."
+        )
+        self._exported_share_buckets = 0
         self._exported_policy: str | None = None
 
     def update(self, summary: Mapping[str, Any]) -> None:
         labels = self.labels
-        for gauge, key in (
-            (self.mean_admitted_draft_len, "mean_admitted_draft_len"),
-            (self.mean_accept_len, "mean_accept_len"),
-            (self.confidence_ece, "ece"),
-            (self.confidence_ece_window, "ece_window"),
-            (self.mean_predicted_survival, "mean_predicted_survival"),
-            (self.mean_observed_survival, "mean_observed_survival"),
-            (self.mean_step_ms, "mean_step_ms"),
-            (self.drafted_step_share, "drafted_step_share"),
+        for gauge, value in (
+            (self.mean_admitted_draft_length, summary.get("mean_admitted_draft_len")),
+            (self.mean_accept_length, summary.get("mean_accept_len")),
+            (self.confidence_ece, summary.get("ece")),
+            (self.confidence_ece_window, summary.get("ece_window")),
+            (self.mean_predicted_survival, summary.get("mean_predicted_survival")),
+            (self.mean_observed_survival, summary.get("mean_observed_survival")),
+            (self.mean_step_seconds, _scaled(summary.get("mean_step_ms"), 1e-3)),
+            (self.drafted_step_share, summary.get("drafted_step_share")),
         ):
-            gauge.labels(**labels).set(_gauge_value(summary.get(key)))
+            gauge.labels(**labels).set(_gauge_value(value))
         sps = summary.get("sps") or {}
         self.sps_table_age_seconds.labels(**labels).set(_gauge_value(sps.get("age_seconds")))
 
@@ -237,38 +362,59 @@ class AdmissionMetricsExporter:
             self.policy_info.labels(**labels, policy=policy).set(1)
             self._exported_policy = policy
 
+        self.decode_steps.advance_split(summary.get("steps"), summary.get("drafted_steps"))
+        self.timed_decode_steps.advance_split(summary.get("timed_steps"), summary.get("timed_drafted_steps"))
+        self.decode_step_seconds.advance_split(summary.get("step_seconds_sum"), summary.get("drafted_step_seconds_sum"))
+
         counts = list(summary.get("admitted_len_histogram") or [])
-        previous = self._exported_counts + [0] * max(0, len(counts) - len(self._exported_counts))
-        if any(now < before for now, before in zip(counts, previous)):
-            previous = [0] * len(counts)  # the stats were reset: count again from zero
+        self.admitted_length_requests.advance_each(counts, "draft_len")
+        self.accepted_length_requests.advance_each(summary.get("accepted_len_histogram"), "draft_len")
         total = sum(counts)
         for draft_len, count in enumerate(counts):
-            if count > previous[draft_len]:
-                self.admitted_len_requests.labels(**labels, draft_len=str(draft_len)).inc(count - previous[draft_len])
-            self.admitted_len_share.labels(**labels, draft_len=str(draft_len)).set(count / total if total else 0.0)
-        for draft_len in range(len(counts), len(self._exported_counts)):  # buckets gone after a reset
-            self.admitted_len_share.labels(**labels, draft_len=str(draft_len)).set(0.0)
-        self._exported_counts = counts
+            self.admitted_length_share.labels(**labels, draft_len=str(draft_len)).set(count / total if total else 0.0)
+        for draft_len in range(len(counts), self._exported_share_buckets):  # buckets gone after a reset
+            self.admitted_length_share.labels(**labels, draft_len=str(draft_len)).set(0.0)
+        self._exported_share_buckets = max(self._exported_share_buckets, len(counts))
 
+        bins = summary.get("calibration_bins")
+        if isinstance(bins, Mapping):
+            self.calibration_pairs.advance_each(bins.get("count"), "bin")
+            self.calibration_predicted.advance_each(bins.get("prediction_sum"), "bin")
+            self.calibration_observed.advance_each(bins.get("label_sum"), "bin")
+
+        self._update_draft_gate(summary.get("draft_gate"))
         self._update_lookup(summary.get("lookup"))
+
+    def _update_draft_gate(self, gate: Any) -> None:
+        """The ``draft_gate`` section of the summary; nothing without a gate (None)."""
+        if not isinstance(gate, Mapping):
+            return
+        self.draft_gate_decisions.advance(gate.get("drafted"), outcome="drafted")
+        self.draft_gate_decisions.advance(gate.get("skipped"), outcome="skipped")
+        self.draft_gate_reasons.advance_each(gate.get("reasons"), "reason")
+        self.draft_gate_pauses.advance(gate.get("pauses"))
+        self.draft_gate_resumes.advance(gate.get("resumes"))
+        if isinstance(gate.get("paused"), bool):  # forced gates have no pause state
+            self.draft_gate_paused.labels(**self.labels).set(float(gate["paused"]))
 
     def _update_lookup(self, lookup: Any) -> None:
         """The ``lookup`` section of the summary; nothing while the lookup is off (None)."""
         if not isinstance(lookup, Mapping):
             return
         labels = self.labels
-        steps = lookup.get("steps")
-        for kind, count in (steps.items() if isinstance(steps, Mapping) else ()):
-            self.lookup_steps.labels(**labels, kind=str(kind)).set(_gauge_value(count))
+        self.lookup_steps.advance_each(lookup.get("steps"), "kind")
         for source in LOOKUP_SOURCES:
             counts = lookup.get(source) if isinstance(lookup.get(source), Mapping) else {}
-            for gauge, key in (
-                (self.lookup_source_rows, "rows"),
-                (self.lookup_source_verified_tokens, "verified"),
-                (self.lookup_source_accepted_tokens, "accepted"),
-                (self.lookup_source_accept_len, "accept_length"),
-            ):
-                gauge.labels(**labels, source=source).set(_gauge_value(counts.get(key)))
+            self.lookup_source_rows.advance(counts.get("rows"), source=source)
+            self.lookup_source_verified_tokens.advance(counts.get("verified"), source=source)
+            self.lookup_source_accepted_tokens.advance(counts.get("accepted"), source=source)
+            self.lookup_source_accept_length.labels(**labels, source=source).set(
+                _gauge_value(counts.get("accept_length"))
+            )
         own = lookup.get("lookup") if isinstance(lookup.get("lookup"), Mapping) else {}
+        self.lookup_proposals.advance(own.get("proposals"))
+        self.lookup_overlap_given_up_steps.advance(lookup.get("overlap_given_up_steps"))
         self.lookup_ece.labels(**labels).set(_gauge_value(own.get("ece")))
-        self.lookup_plan_us_per_step.labels(**labels).set(_gauge_value(lookup.get("plan_us_per_step")))
+        self.lookup_plan_seconds_per_step.labels(**labels).set(
+            _gauge_value(_scaled(lookup.get("plan_us_per_step"), 1e-6))
+        )

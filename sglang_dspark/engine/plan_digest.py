@@ -7,7 +7,7 @@ through upstream's ``DSPARK_PLAN`` broadcast, wherever a budget was computed). R
 graphs in the same step. The digest makes the agreement visible from outside the server: a running hash, per rank, over
 every verify the planner lays out (``AdmissionVerifyPlanner.schedule_layout``) of
 
-* the step's kind (``drafted``, ``plain``, ``lookup``, ``mixed``: ``engine/step_plan.py``) and its number of requests;
+* the step's kind (``drafted``, ``plain``, ``lookup``, ``mixed``: ``scheduling/step_plan.py``) and its number of requests;
 * the verify budget K (None: upstream's uniform layout at the full tier);
 * the layout's graph token count (the tier the verify replays; none for the uniform path);
 * the verify lengths where the layout holds them on the host (SGLang builds them there off CUDA graphs, the CPU

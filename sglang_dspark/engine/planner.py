@@ -6,16 +6,16 @@ what this subclass adds:
 
 * an SPS table from the first request on: profiled at engine start-up (or cached, or upstream's JSON), 2-D in
   (requests, verify tokens) instead of upstream's 1-D floor-lookup table; plus the rest of the decode step (draft,
-  sampling, bookkeeping), learned online from measured step times (profiler/step_overhead.py);
+  sampling, bookkeeping), learned online from measured step times (profiler/step_costs.py);
 * our admission policies (``SGLANG_DSPARK_ADMISSION``): ``async`` (default: upstream's production scheme, with our
   capacity search over the 2-D cost), ``exact`` (Algorithm 1 on the current confidences, host-synchronous),
   ``off`` (verify only the anchor), ``verify-all`` (static mode, decided at argument resolution);
-* the admission record our observability reads;
-* the draft gate (``SGLANG_DSPARK_DRAFT_GATE``, scheduling/draft_gate.py): before each decode step, on the host,
-  "draft" or "plain anchor-only step" from Θ(no draft) = R / t_skip(R) vs the best Θ of a drafted step; the two
-  step costs are the profiled verify plus a level both kinds of step teach, and the drafted step's draft block on
-  top, learned from a drafted and a plain step in a row (profiler/step_overhead.py). A skipped step verifies the
-  anchors only (budget 0, verify lengths 1).
+* one chooser per decode step (``SGLANG_DSPARK_DRAFT_GATE``, ``SGLANG_DSPARK_LOOKUP``): before each step, on the
+  host, this planner gathers the step's facts from its proposal sources, the draft (``engine/draft_source.py``: the
+  lagged survivals and the draft gate's advice) and the prompt lookup (``engine/lookup_source.py``), and
+  ``scheduling/step_choice.choose_step`` returns the step's plan: whether the draft block runs, which rows verify a
+  lookup chain, how many tokens; ``engine/verify_budget.py`` writes it into SGLang's verify budget;
+* the admission record our observability reads.
 
 It replaces ``dspark_planner.DSparkVerifyPlanner`` through HookRegistry together with our worker, so upstream's
 worker (``SGLANG_DSPARK_WORKER=upstream``) keeps upstream's planner.
@@ -24,7 +24,7 @@ worker (``SGLANG_DSPARK_WORKER=upstream``) keeps upstream's planner.
 from __future__ import annotations
 
 import logging
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 from sglang.srt.speculative.dspark_components import dspark_planner
@@ -36,19 +36,21 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
 )
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
+from sglang_dspark.engine.current_step import CurrentStep
+from sglang_dspark.engine.draft_source import DraftSource
 from sglang_dspark.engine.gate_trace import GateTrace
-from sglang_dspark.engine.lookup_source import LookupSource
+from sglang_dspark.engine.lookup_source import NULL_LOOKUP, LookupSource
 from sglang_dspark.engine.plan_digest import PlanDigest
 from sglang_dspark.engine.rank_learning import RankLearning, decide_rank_learning, parallel_facts
 from sglang_dspark.engine.step_record import StepRecord
-from sglang_dspark.engine.to_device import to_device
+from sglang_dspark.engine.verify_budget import step_budget, undrafted_verify_lens, write_plan_budget
 from sglang_dspark.engine.verify_mode import PLUGIN_SPS_PROBES_DP_ATTENTION, SPS_PROBES_DP_ATTENTION_SKIPPED
 from sglang_dspark.profiler.step_costs import StepCosts
-from sglang_dspark.engine.step_plan import DRAFTED, CurrentStep, StepPlan
 from sglang_dspark.scheduling.acceptance import SurvivalPrior
 from sglang_dspark.patches.lookup_current_tokens import LAUNCH_ATTRIBUTE
-from sglang_dspark.scheduling.draft_gate import DraftGate, ForcedGate, GateDecision, make_draft_gate
-from sglang_dspark.scheduling.lookup_choice import draft_pays_beside_lookup, without_rows
+from sglang_dspark.scheduling.draft_gate import GateDecision, make_draft_gate
+from sglang_dspark.scheduling.step_choice import StepFacts, choose_step
+from sglang_dspark.scheduling.step_plan import DRAFTED, StepPlan
 from sglang_dspark.scheduling.policy import AdmissionPolicy
 from sglang_dspark.scheduling.stats import get_admission_stats
 
@@ -117,6 +119,12 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
             current_generation=current_generation,
         )
 
+    def survival_of_batch(self, batch, req_to_token_pool) -> Optional[torch.Tensor]:
+        """:meth:`latest_survival` of the batch's requests (the synchronous path's survivals)."""
+        rows = getattr(batch, "req_pool_indices_cpu", None)
+        rows = (batch.req_pool_indices.to("cpu") if rows is None else rows).to(torch.int64)
+        return self.latest_survival(req_pool_indices_cpu=rows, current_generation=req_to_token_pool.req_generation[rows])
+
     def lagged_survival(self, *, confidence, generation, current_generation, req_pool_indices_cpu) -> torch.Tensor:
         """``[R, γ]`` survivals two steps back (rows of no confidence of their own: the prior), shifting the lag."""
         lagged_confidence, lagged_generation = self._shift_to_lag(
@@ -155,8 +163,10 @@ class AdmissionBudgetPlanner(HostConfidenceBudgetPlanner):
 
 class AdmissionVerifyPlanner(DSparkVerifyPlanner):
     gate_trace: Optional[GateTrace] = None
-    lookup: Optional[LookupSource] = None
-    rank_learning: Optional[RankLearning] = None  # install_sps_table's decision (engine/rank_learning.py)
+    lookup = NULL_LOOKUP  # prompt lookup beside the draft (enable_draft_gate installs it; engine/lookup_source.py)
+    # install_sps_table's decision whether step records may teach what changes the budget (engine/rank_learning.py);
+    # until then nothing is learned and the budget planner reads no survival prior.
+    rank_learning: Optional[RankLearning] = None
     plan_digest: Optional[PlanDigest] = None  # under TP: this rank's digest of its verify layouts (the worker sets it)
     _learn_online = False  # what step records teach may change the budget (only where one rank decides alone)
 
@@ -166,22 +176,16 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         self.sps_table = None
         # The profiled table plus what served steps teach (profiler/step_costs.py); set by install_sps_table.
         self.step_costs: Optional[StepCosts] = None
-        # Set by enable_draft_gate (our worker decides if it applies); None: every decode step drafts.
-        self.draft_gate: Optional[Union[DraftGate, ForcedGate]] = None
-        self.survival_prior = SurvivalPrior()  # the gate's survivals for requests not drafted for yet
-        self._decided_in_prepare = None  # (draft_input, GateDecision, survival) of prepare_verify_budget, for plan_for
-        self.lookup: Optional[LookupSource] = None  # prompt lookup beside the draft (enable_draft_gate; engine/lookup_source.py)
-        self.step = CurrentStep()  # the plan of the step being run; the worker shares its own (engine/step_plan.py)
+        # The draft as a proposal source: its survivals, and its gate once enable_draft_gate installs one (without a
+        # gate every decode step drafts); scheduling/step_choice.py chooses between the sources.
+        self.draft = DraftSource(SurvivalPrior())
+        self._chosen = None  # (draft input, StepPlan) chosen in prepare_verify_budget, for plan_for
+        self.step = CurrentStep()  # the plan of the step being run; the worker shares its own (engine/current_step.py)
         self.compact_anchor_steps = 0  # skipped steps whose verify kept one logits row per request
         self.plain_decode_steps = 0  # of those, steps run as SGLang's decode step (engine/plain_step/plain_decode_step.py)
         self.pending_context_kv = None  # their draft-KV rows held for one batched write (engine/plain_step/pending_context_kv.py)
         self.last_confidence: Optional[torch.Tensor] = None
         self.gate_trace = GateTrace.from_env()  # SGLANG_DSPARK_GATE_TRACE: one line per decode step, for diagnosis
-        self._stats_error_logged = False
-        # Whether step records may teach anything that changes the budget (engine/rank_learning.py): decided with the
-        # table in install_sps_table; until then nothing is learned and the budget planner reads no survival prior.
-        self.rank_learning: Optional[RankLearning] = None
-        self._learn_online = False
         stats = get_admission_stats()
         if self._budget_planner is None:
             # Static mode: no confidence head, or the verify-all policy (decided at argument resolution).
@@ -265,20 +269,20 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         learned overhead and table scale (observe_step), the survival prior (read by the budget planner, taught by
         observe_step) and the draft gate (the worker reads ``rank_learning`` before installing it)."""
         self.rank_learning = decision
-        self._learn_online = decision.enabled
+        self._learn_online = self.draft.learns = decision.enabled
         if self._budget_planner is not None:
-            self._budget_planner.survival_prior = self.survival_prior if decision.enabled else None
+            self._budget_planner.survival_prior = self.draft.survival_prior if decision.enabled else None
         if not decision.enabled:
             logger.info("%s", decision.log_line())
 
     def _fall_back_to_verify_all(self) -> None:
-        self.draft_gate = None
+        self.draft.gate = None
         self.policy = AdmissionPolicy("verify-all")
         self._budget_planner.policy = self.policy
         self._budget_planner.cost = _UnknownCost()
         get_admission_stats().set_policy("verify-all")
 
-    # ------------------------------------------------------------------ draft gate
+    # ------------------------------------------------------------------ choosing a step
 
     def draft_gate_blocker(self, *, deferred_commit: bool) -> Optional[str]:
         """Why the draft gate cannot run on this server (None: it can)."""
@@ -301,18 +305,18 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         return None
 
     def enable_draft_gate(self, mode: str) -> None:
-        self.draft_gate = make_draft_gate(mode)
-        # The lookup rides on the gate: a step the gate plans is where a source is chosen per request.
+        """The chooser on: the gate advises the draft, and the lookup proposes beside it (``SGLANG_DSPARK_LOOKUP``)."""
+        self.draft.gate = make_draft_gate(mode)
         self.lookup = LookupSource.from_env(self.gamma, on_host=str(self.model_runner.device).startswith("cpu"))
-        if self.lookup is not None:
+        if self.lookup.enabled:
             get_admission_stats().set_lookup(self.lookup.summary)
         # Read when /server_info or the metrics ask, not rebuilt on every decode step.
         get_admission_stats().set_draft_gate(self._gate_state)
 
     def _gates(self, batch) -> bool:
-        """Whether the gate decides this decode step (a grammar step always drafts: its mask reads the draft)."""
+        """Whether the chooser plans this decode step (a grammar step always drafts: its mask reads the draft)."""
         return not (
-            self.draft_gate is None
+            self.draft.gate is None
             or batch.spec_info is None
             or batch.forward_mode.is_extend()
             or batch.is_extend_in_batch
@@ -321,13 +325,12 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         )
 
     def prepare_verify_budget(self, batch, future_map) -> None:
-        """Overlap path: the next step's budget, on the host before its forward. On a gated step the gate decides
-        here, from the survivals the budget reads, before the capacity search (a skipped step runs none, a drafted
-        one at most one); other steps are upstream's."""
-        self._decided_in_prepare = None
+        """Overlap path: the next step's plan and budget, on the host before its forward, from the survivals the
+        budget reads (a step without the draft runs no capacity search, a drafted one at most one); other steps are
+        upstream's."""
+        self._chosen = None
         if not self._gates(batch):
             return super().prepare_verify_budget(batch, future_map)
-        draft_input = batch.spec_info
         resolved = future_map.resolve_confidence_cpu(batch)
         survival = None
         if resolved is None:
@@ -340,157 +343,79 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
                 current_generation=self.model_runner.req_to_token_pool.req_generation[rows.to(torch.int64)],
                 req_pool_indices_cpu=rows,
             )
-        proposed = self._propose(batch)
-        decision = self._decide(survival, batch.batch_size(), proposed)
-        launch = getattr(batch, LAUNCH_ATTRIBUTE, None)
-        self._decided_in_prepare = (draft_input, decision, survival, proposed,
-                                    launch is not None and launch.overlap_given_up)
-        if not decision.draft:
-            budget = 0
-        else:  # no resolved confidences: upstream's budget (None)
-            budget = self._budget_planner.budget_for(survival, decision) if survival is not None else None
-        draft_input.verify_token_budget = budget
-        batch.spec_verify_tier_num_tokens = local_verify_tier_num_tokens(
-            bs=batch.batch_size(),
-            verify_token_budget=budget,
-            verify_num_draft_tokens=self.verify_num_draft_tokens,
-            min_verify_len=self._schedule_cfg.min_verify_len,
-        )
+        plan = self._choose(batch, survival)
+        self._chosen = (batch.spec_info, plan)
+        draft_budget = 0  # no resolved confidences: upstream's budget (None)
+        if plan.draft:
+            draft_budget = self._budget_planner.budget_for(survival, plan.decision) if survival is not None else None
+        write_plan_budget(batch, plan, draft_budget, self._tier_of)
         self._maybe_gather_dp_verify_tier(batch=batch, local_tier_num_tokens=batch.spec_verify_tier_num_tokens)
 
     def plan_for(self, batch, *, compact_ok: bool, plain_ok: bool) -> StepPlan:
-        """The decode step's plan (engine/step_plan.py): the gate's decision, taken from ``prepare_verify_budget``
-        (overlap) or made now from the newest carried confidences (synchronous), and how a skipped step runs
-        (``compact_ok`` / ``plain_ok``: the batch qualifies for the compact anchor-only verify / SGLang's decode step)."""
-        decided, self._decided_in_prepare = self._decided_in_prepare, None
-        if self.draft_gate is None or batch.has_grammar:
+        """The decode step's plan (scheduling/step_plan.py): chosen in ``prepare_verify_budget`` (overlap) or now from
+        the newest carried confidences (synchronous), with how a step without the draft runs on this batch
+        (``compact_ok`` / ``plain_ok``: it qualifies for the compact anchor-only verify / SGLang's decode step)."""
+        chosen, self._chosen = self._chosen, None
+        if self.draft.gate is None or batch.has_grammar:
             return DRAFTED
-        overlap_given_up = False
-        if decided is not None and decided[0] is batch.spec_info:
-            _, decision, survival, proposed, overlap_given_up = decided
+        if chosen is not None and chosen[0] is batch.spec_info:
+            plan = chosen[1].with_anchor_paths(compact_ok=compact_ok, plain_ok=plain_ok)
         else:
-            survival = self._sync_survival(batch)
-            proposed = self._propose(batch)
-            decision = self._decide(survival, len(batch.seq_lens), proposed)
-        plan = StepPlan.decided(decision, compact_ok=compact_ok, plain_ok=plain_ok,
-                                lookup=self._lookup_rows(proposed, decision, survival),
-                                overlap_given_up=overlap_given_up)
-        if plan.lookup is not None:
-            self._widen_verify_tier(batch, plan)
+            survival = self._budget_planner.survival_of_batch(batch, self.model_runner.req_to_token_pool)
+            plan = self._choose(batch, survival, compact_ok=compact_ok, plain_ok=plain_ok)
+            write_plan_budget(batch, plan, None, self._tier_of)
         self.compact_anchor_steps += int(plan.compact_anchor)
         self.plain_decode_steps += int(plan.plain_decode)
         return plan
 
-    def _propose(self, batch):
-        """The step's lookup proposals (engine/lookup_source.py), or None; never takes a decode step down."""
-        if self.lookup is None:
-            return None
+    def _choose(self, batch, survival: Optional[torch.Tensor], **anchor_paths) -> StepPlan:
+        """The sources' facts for this step (each source fails alone: the step never does), the chooser's plan, and
+        what the sources learn from it before the next launch."""
+        num_requests = len(batch.seq_lens)
         try:
-            return self.lookup.propose(batch)
+            proposed = self.lookup.propose(batch)
         except Exception:
             logger.exception("sglang-dspark: prompt lookup failed; the draft alone from now on")
-            self.lookup = None
-            return None
-
-    def _lookup_rows(self, proposed, decision: GateDecision, survival: Optional[torch.Tensor]):
-        if self.lookup is None or proposed is None:
-            return None
-        return self.lookup.rows_for(proposed, drafted=decision.draft, draft_survival=survival,
-                                    cost=self.step_costs.undrafted if self.step_costs is not None else None)
-
-    def _widen_verify_tier(self, batch, plan: StepPlan) -> None:
-        """The verify's token tier, sized for the lookup chains too (prepare_verify_budget sized it for the draft's
-        budget alone; a drafted step verifies both: resolve_verify_token_budget)."""
-        budget = int(plan.lookup.lengths.sum())
-        if plan.draft and batch.spec_info.verify_token_budget is not None:
-            budget += int(batch.spec_info.verify_token_budget)
-        if not plan.draft:
-            batch.spec_info.verify_token_budget = budget
-        batch.spec_verify_tier_num_tokens = max(int(getattr(batch, "spec_verify_tier_num_tokens", 0) or 0),
-            local_verify_tier_num_tokens(bs=len(batch.seq_lens), verify_token_budget=budget,
-                                         verify_num_draft_tokens=self.verify_num_draft_tokens,
-                                         min_verify_len=self._schedule_cfg.min_verify_len))
-
-    def _sync_survival(self, batch) -> Optional[torch.Tensor]:
-        if self._budget_planner is None:
-            return None
-        rows = getattr(batch, "req_pool_indices_cpu", None)
-        if rows is None:
-            rows = batch.req_pool_indices.to("cpu")
-        rows = rows.to(torch.int64)
-        generation = self.model_runner.req_to_token_pool.req_generation[rows]
-        return self._budget_planner.latest_survival(req_pool_indices_cpu=rows, current_generation=generation)
-
-    def _decide(self, survival: Optional[torch.Tensor], num_requests: int, proposed=None) -> GateDecision:
-        """The gate's decision. ``proposed``: this step's lookup proposals (engine/lookup_source.Proposed); the draft
-        must pay on the requests without one (their rows alone count draft tokens) and beat the step that verifies
-        the chains without it (scheduling/lookup_choice.py)."""
-        lookup_rows = proposed.rows if proposed is not None else None
-        lookup_conditional = proposed.conditional if proposed is not None else None
-        gate = self.draft_gate
+            self.lookup, proposed = NULL_LOOKUP, None
         try:
-            held = gate.held_pause(num_requests)  # a pause repeated without reading anything (scheduling/draft_gate.py)
-            if held is not None:
-                return held
-            # ``survival`` comes from the budget planner with unknown rows already read from the prior.
-            if survival is None:  # no request of the batch has a lagged confidence: the population's (None before any draft)
-                survival = self.survival_prior.rows(num_requests)
-            prior = self.survival_prior.rows(num_requests)
-            decision = gate.decide(
-                lagged_survival=without_rows(survival, lookup_rows),
-                cost_with_draft=self.step_costs.drafted,
-                seconds_without_draft=self.step_costs.plain(num_requests),
-                skip_samples=self.step_costs.pairs(num_requests),
-                num_requests=num_requests,
-                prior_survival=without_rows(prior, lookup_rows),
-            )
-            if decision.draft and lookup_conditional is not None and isinstance(gate, DraftGate) and not draft_pays_beside_lookup(
-                    lookup_conditional, survival, self.step_costs.drafted, self.step_costs.undrafted):
-                # The gate weighed the draft against a plain step; beside lookup chains the alternative verifies
-                # them too (scheduling/lookup_choice.py).
-                counted, decision = decision, GateDecision(False, "lookup", decision.choice)
-                gate.recount(counted, decision)
+            advice, read = self.draft.advise(survival, num_requests, proposed.rows if proposed is not None else None,
+                                             self.step_costs)
         except Exception:  # the gate must never take a decode step down: draft, as without it
             logger.exception("sglang-dspark: draft gate failed; drafting every step from now on")
-            self.draft_gate = None
-            return GateDecision(True, "error")
-        return decision
+            self.draft.gate = None
+            return StepPlan(decision=GateDecision(True, "error"))
+        costs = self.step_costs
+        launch = getattr(batch, LAUNCH_ATTRIBUTE, None)
+        plan = choose_step(StepFacts(
+            gate=advice, lookup=proposed, draft_survival=read, known_draft_survival=survival,
+            cost_drafted=costs.drafted if costs is not None else None,
+            cost_undrafted=costs.undrafted if costs is not None else None,
+            weigh_draft=self.draft.weighs_beside_lookup, forced_lookup=self.lookup.forced,
+            min_gain=self.lookup.config.chain_min_gain,
+            overlap_given_up=launch is not None and launch.overlap_given_up, **anchor_paths))
+        self.draft.tally(plan.decision)
+        if proposed is not None:
+            self.lookup.chosen(plan, num_requests, costs.undrafted if costs is not None else None)
+        return plan
+
+    def _tier_of(self, num_requests: int, budget: Optional[int]) -> int:
+        return local_verify_tier_num_tokens(bs=num_requests, verify_token_budget=budget,
+                                            verify_num_draft_tokens=self.verify_num_draft_tokens,
+                                            min_verify_len=self._schedule_cfg.min_verify_len)
 
     def _gate_state(self) -> Optional[dict]:
-        gate = self.draft_gate
-        if gate is None:
-            return None
-        summary = gate.summary()
-        costs = self.step_costs.overheads.summary()
-        summary["step_level_ms"] = costs["level_ms"]
-        summary["drafted_step_overhead_ms"] = costs["drafted_step_ms"]
-        # The draft block's learned cost per R bucket, from adjacent drafted / plain steps, and how many pairs taught it.
-        summary["draft_ms"] = costs["draft_block_ms"]
-        summary["draft_block_pairs"] = costs["pairs"]
-        summary["chain_token_ms"] = self.step_costs.chain.summary()  # a lookup step's cost per chain token
-        summary["compact_anchor_steps"] = self.compact_anchor_steps
-        summary["plain_decode_steps"] = self.plain_decode_steps
+        counters = {"compact_anchor_steps": self.compact_anchor_steps, "plain_decode_steps": self.plain_decode_steps}
         if self.pending_context_kv is not None:
-            summary["pause_kv"] = self.pending_context_kv.summary()
-        last = gate.last
-        if last is not None and last.choice is not None:
-            summary["last"] = {
-                "reason": last.reason,
-                "theta_draft": last.choice.theta_draft,
-                "theta_skip": last.choice.theta_skip,
-                "capacity": last.choice.capacity,
-            }
-        return summary
+            counters["pause_kv"] = self.pending_context_kv.summary()
+        return self.draft.summary(self.step_costs, **counters)
 
     def resolve_verify_token_budget(self, **kwargs):
         plan = self.step.plan
-        lookup_tokens = int(plan.lookup.lengths.sum()) if plan.lookup is not None else 0
         if not plan.draft:
-            kwargs["draft_input"].verify_token_budget = lookup_tokens
-            return lookup_tokens
-        budget = super().resolve_verify_token_budget(**kwargs)
-        # A drafted step with lookup rows: the draft's budget plus the lookup chains, ranked together by the schedule.
-        return budget + lookup_tokens if budget is not None else None
+            kwargs["draft_input"].verify_token_budget = step_budget(plan, None)
+            return kwargs["draft_input"].verify_token_budget
+        # A drafted step with chains: the draft's budget plus the chains, ranked together by the schedule.
+        return step_budget(plan, super().resolve_verify_token_budget(**kwargs))
 
     # ------------------------------------------------------------------ after a step
 
@@ -498,52 +423,16 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         """A finished decode step, already on the host (the worker's StepRecorder never syncs the device); each
         learner observes it once. What changes the budget (step costs, survival prior) learns only where one rank
         decides alone (engine/rank_learning.py); the trace reads the gate as it decided, before the step teaches it."""
+        costs = self.step_costs
         if self.gate_trace is not None:
-            self._trace_step(record)
+            self.gate_trace.write_step(record, self.draft.gate, self.lookup, getattr(self, "sps_table", None),
+                                       costs.undrafted if costs is not None else None)
         survival = record.confidence.cumprod(dim=1) if record.confidence is not None else None
-        if self._learn_online and self.step_costs is not None and self.step_costs.observe(record):
-            get_admission_stats().set_sps_summary(self.step_costs.table_summary())
-        lookup_rows = record.lookup.rows if record.lookup is not None else None
-        if self._learn_online and survival is not None and record.drafted:
-            # The draft's survivals only: a lookup row's confidences are the lookup's estimates.
-            self.survival_prior.observe(survival if lookup_rows is None else survival[~lookup_rows])
-        if self.draft_gate is not None and lookup_rows is None:
-            # A step with lookup rows is not what the gate predicted (its tokens are partly the lookup's).
-            self.draft_gate.observe(record)
-        if self.lookup is not None:
-            self.lookup.observe(record)
-        self._publish(record, survival)
-
-    def _publish(self, record: StepRecord, survival: Optional[torch.Tensor]) -> None:
-        """The admission record for observability, which must never take a decode step down."""
-        try:
-            get_admission_stats().record_step(
-                verify_lens=record.verify_lens,
-                accepted_drafts=[max(0, n - 1) for n in record.commit_lens],
-                survival=survival,
-                step_seconds=record.seconds,
-                drafted=record.drafted,
-            )
-        except ValueError as exc:
-            if not self._stats_error_logged:
-                self._stats_error_logged = True
-                logger.warning("sglang-dspark: admission stats skipped a step (%s)", exc)
-
-    def _trace_step(self, record: StepRecord) -> None:
-        """One line of SGLANG_DSPARK_GATE_TRACE, with the gate's state as it decided (before this step teaches it)."""
-        num_requests = len(record.commit_lens)
-        fields = {"R": num_requests, "drafted": bool(record.drafted), "seconds": record.seconds,
-                  "verify_tokens": sum(record.verify_lens), "committed": sum(record.commit_lens)}
-        gate = self.draft_gate
-        if gate is not None:
-            fields["reason"] = gate.last.reason if gate.last is not None else None
-            fields.update(gate.trace_fields(record.gate_choice, num_requests))
-        if getattr(self, "sps_table", None) is not None and num_requests > 0:
-            fields["table_seconds"] = self.sps_table.step_seconds(num_requests, sum(record.verify_lens))
-        if record.lookup is not None and self.lookup is not None:
-            cost = self.step_costs.undrafted if self.step_costs is not None and not record.drafted else None
-            fields.update(self.lookup.trace_fields(record, cost))
-        self.gate_trace.write(fields)
+        if self._learn_online and costs is not None and costs.observe(record):
+            get_admission_stats().set_sps_summary(costs.table_summary())
+        self.draft.observe(record, survival)
+        self.lookup.observe(record)
+        get_admission_stats().observe(record, survival)
 
     def schedule_layout(self, **kwargs):
         layout = super().schedule_layout(**kwargs)
@@ -552,8 +441,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
                                   budget=kwargs.get("budget"), layout=layout)
         # A window that verifies every draft token of every request is the uniform verify: hand it to upstream's
         # non-compact path (layout None, as upstream does past its captured grid), which skips the ragged packing and
-        # the compact-to-strided scatter (a few percent of a tiny-model step on the CPU). The decision is the admission
-        # already made, so this changes no token. Not under ragged CUDA graphs: there a target verify without a
+        # the compact-to-strided scatter. The decision is the admission already made, so this changes no token. Not under ragged CUDA graphs: there a target verify without a
         # layout cannot replay a graph and would run eager.
         if (
             layout is not None
@@ -566,11 +454,9 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
 
     def _schedule_verify_lens(self, *, req_pool_indices, prefix_lens, device, confidence, budget):
         plan = self.step.plan
-        if not plan.draft:  # no draft this step: the anchors, plus the lookup chains chosen on the host
+        if not plan.draft:  # no draft this step: the anchors, plus the chains chosen on the host
             self.last_confidence = None
-            if plan.lookup is not None:  # built on the host: pinned and copied without blocking (no host sync)
-                return to_device((1 + plan.lookup.lengths).to(torch.int32), device)
-            return torch.ones(int(req_pool_indices.shape[0]), dtype=torch.int32, device=device)
+            return undrafted_verify_lens(plan, int(req_pool_indices.shape[0]), device)
         verify_lens = None
         if self._budget_planner is not None:
             verify_lens = self.policy.verify_lengths(

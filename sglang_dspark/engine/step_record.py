@@ -26,30 +26,52 @@ from typing import Callable, Optional
 
 import torch
 
+# scheduling/step_plan.StepPlan, named only: this module imports torch and the standard library alone (the GPU
+# device check runs it by path).
+StepPlan = object
+
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class StepRecord:
-    """One decode step, on the host: per-request verify lengths (anchor included), committed lengths, the
-    draft confidences the planner scheduled from ([R, γ], or None), the step's seconds (or None) and whether it ran
-    the draft block."""
+    """One decode step, on the host: what was planned (``plan``, scheduling/step_plan.StepPlan; None: a drafted step
+    nothing chose, as upstream's) and what happened: per-request verify lengths (anchor included), committed lengths,
+    the draft confidences the planner scheduled from ([R, γ], or None), the step's seconds (or None)."""
 
     verify_lens: list[int]
     commit_lens: list[int]
     confidence: Optional[torch.Tensor]
     seconds: Optional[float]
-    # False for a step that skipped the draft block (the draft gate's plain anchor-only step).
-    drafted: bool = True
-    # The draft gate's DraftChoice this step was decided with (None: no gate, or a decision without one).
-    gate_choice: Optional[object] = None
-    # The step plan's lookup rows (engine/step_plan.LookupPlan; None: no row verified a lookup chain).
-    lookup: Optional[object] = None
+    plan: Optional[StepPlan] = None
     # The device's idle time between the previous decode step's end and this one's start (None: not timed, e.g. the
     # first step, or a prefill ran in between); what giving up the overlap costs shows here (profiler/overlap_gap.py).
     gap_seconds: Optional[float] = None
-    # The scheduler ran the previous result before launching this step (patches/lookup_current_tokens.py).
-    overlap_given_up: bool = False
+
+    @property
+    def kind(self) -> str:
+        """The plan's step kind (``drafted``, ``plain``, ``lookup``, ``mixed``)."""
+        return "drafted" if self.plan is None else self.plan.kind
+
+    @property
+    def drafted(self) -> bool:
+        """The step ran the draft block (False: a step the chooser planned without it)."""
+        return self.plan is None or self.plan.draft
+
+    @property
+    def gate_choice(self):
+        """The draft gate's DraftChoice the step was decided with (None: no gate, or a decision without one)."""
+        return None if self.plan is None else self.plan.choice
+
+    @property
+    def lookup(self):
+        """The plan's lookup rows (None: no row verified a lookup chain)."""
+        return None if self.plan is None else self.plan.lookup
+
+    @property
+    def overlap_given_up(self) -> bool:
+        """The scheduler ran the previous result before launching this step (patches/lookup_current_tokens.py)."""
+        return self.plan is not None and self.plan.overlap_given_up
 
 
 def pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -122,10 +144,9 @@ class _PendingCopy:
     """Non-blocking device→pinned-host copies of one step plus the events that say when they (and the step) ended."""
 
     def __init__(self, tensors: dict, started_event, ended_event, default_verify_len: int, copy_to_host,
-                 make_event, drafted: bool = True, gate_choice=None, lookup=None, previous_ended_event=None,
-                 overlap_given_up: bool = False) -> None:
+                 make_event, plan: Optional[StepPlan] = None, previous_ended_event=None) -> None:
         self.host = {name: (copy_to_host(t) if t is not None else None) for name, t in tensors.items()}
-        self.host.update(drafted=drafted, gate_choice=gate_choice, lookup=lookup, overlap_given_up=overlap_given_up)
+        self.host["plan"] = plan
         self.copied = make_event(False)
         self.started_event = started_event
         self.ended_event = ended_event
@@ -160,9 +181,7 @@ def _record_from_host(host: dict, seconds: Optional[float], default_verify_len: 
     if confidence is not None:
         confidence = confidence.float()
     return StepRecord(verify_lens=verify_lens, commit_lens=commit_lens, confidence=confidence, seconds=seconds,
-                      drafted=bool(host.get("drafted", True)), gate_choice=host.get("gate_choice"),
-                      lookup=host.get("lookup"), gap_seconds=gap_seconds,
-                      overlap_given_up=bool(host.get("overlap_given_up", False)))
+                      plan=host.get("plan"), gap_seconds=gap_seconds)
 
 
 class StepRecorder:
@@ -202,8 +221,7 @@ class StepRecorder:
         self._previous_ended = None
 
     def finish(self, *, accept_lens, cap_lens, confidence, default_verify_len: int,
-               drafted: bool = True, gate_choice=None, lookup=None, overlap_given_up: bool = False
-               ) -> list[StepRecord]:
+               plan: Optional[StepPlan] = None) -> list[StepRecord]:
         tensors = {"accept_lens": accept_lens, "cap_lens": cap_lens, "confidence": confidence}
         if confidence is not None and confidence.shape[0] != accept_lens.shape[0]:
             tensors["confidence"] = None  # scheduled for another batch (composition changed): not this step's
@@ -213,13 +231,13 @@ class StepRecorder:
             ended = self._clock()
             gap = self._started - self._previous_ended if self._previous_ended is not None else None
             self._previous_ended = ended
-            host.update(drafted=drafted, gate_choice=gate_choice, lookup=lookup, overlap_given_up=overlap_given_up)
+            host["plan"] = plan
             return [_record_from_host(host, ended - self._started, default_verify_len, gap)]
         ended = self._make_event(True)
         self._pending.append(
             _PendingCopy({k: (v.detach() if v is not None else None) for k, v in tensors.items()},
-                         self._started, ended, default_verify_len, self._copy_to_host, self._make_event, drafted,
-                         gate_choice, lookup, self._previous_ended, overlap_given_up)
+                         self._started, ended, default_verify_len, self._copy_to_host, self._make_event, plan,
+                         self._previous_ended)
         )
         self._previous_ended = ended
         ready = []

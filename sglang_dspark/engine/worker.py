@@ -44,9 +44,10 @@ from sglang_dspark import envs
 from sglang_dspark.engine.plain_step.anchor_only_verify import AnchorOnlyVerifyExecutor, compact_anchor_step_eligible
 from sglang_dspark.engine.plain_step.pending_context_kv import PendingContextKv
 from sglang_dspark.engine.plain_step.plain_decode_step import plain_decode_eligible, run_plain_decode_step
-from sglang_dspark.engine.step_plan import DRAFTED, CurrentStep, StepPlan
+from sglang_dspark.engine.current_step import CurrentStep
 from sglang_dspark.engine.step_record import StepRecorder
 from sglang_dspark.engine.to_device import to_device
+from sglang_dspark.scheduling.step_plan import DRAFTED, StepPlan
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class DSparkWorker(DSparkWorkerV2):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._step_recorder = StepRecorder(self.device)
-        self._step = CurrentStep()  # the plan of the decode step being run (engine/step_plan.py)
+        self._step = CurrentStep()  # the plan of the decode step being run (engine/current_step.py)
         self._draft_gate_on = False
         self._plain_decode_on = envs.PLAIN_STEP.get() == "decode"  # read once, not on every decode step
         # Skipped steps' draft-KV rows, written in one batch before anything reads draft KV (None: on every step).
@@ -221,7 +222,7 @@ class DSparkWorker(DSparkWorkerV2):
             self._proposer.__class__ = GatedDraftBlockProposer
         if not isinstance(self._verify_executor, AnchorOnlyVerifyExecutor):
             self._verify_executor.__class__ = AnchorOnlyVerifyExecutor
-        # One plan per step, read by all three (engine/step_plan.py).
+        # One plan per step, read by all three (engine/current_step.py).
         self._proposer.step = self._verify_executor.step = self._verify_planner.step = self._step
         self._verify_planner.enable_draft_gate(mode)
         self._draft_gate_on = True
@@ -229,6 +230,13 @@ class DSparkWorker(DSparkWorkerV2):
             self._pending_context_kv = PendingContextKv(self._write_context_rows)
             self._verify_planner.pending_context_kv = self._pending_context_kv
         logger.info("sglang-dspark draft gate: mode=%s (skips the draft block on steps where it does not pay)", mode)
+
+    @property
+    def lookup_source(self):
+        """The prompt lookup beside the draft, which the scheduler-side patch asks through the scheduler's draft
+        worker (``patches/lookup_current_tokens.py``); the null source while the chooser is off."""
+        planner = getattr(self, "_verify_planner", None)
+        return getattr(planner, "lookup", None)
 
     def _write_context_rows(self, hidden, cache_loc, positions) -> None:
         with self._draft_context():
@@ -278,10 +286,7 @@ class DSparkWorker(DSparkWorkerV2):
                 cap_lens=result.cap_lens,
                 confidence=self._verify_planner.last_confidence if plan.draft else None,
                 default_verify_len=int(self.verify_num_draft_tokens),
-                drafted=plan.draft,
-                gate_choice=plan.choice,
-                lookup=plan.lookup,
-                overlap_given_up=plan.overlap_given_up,
+                plan=plan,
             ):
                 self._verify_planner.observe_step(record)
         return result

@@ -10,7 +10,7 @@ Two ways to point it at servers:
 Levels are interleaved: level 1 runs on every server, then level 2 on every server (each level starting from the
 next server in turn), and so on; within a level, its prompts are sent in rounds (``--rounds``; by default rounds of
 at least two waves of the level's concurrency, up to 4) that take turns across the servers, each round starting from
-the next server. A machine whose speed drifts over minutes (a shared CPU does, by ±10 %) then shifts every
+the next server. A machine whose speed drifts over minutes (a shared CPU does: docs/loadtest.md) then shifts every
 configuration of a level alike instead of whichever ran during a slow spell, so the ratios compare like with
 like; a level's numbers pool its rounds (all its requests over the time the server spent on them). Launched servers all start first and wait idle (``--sleep-on-idle``) between their turns; on a GPU, or with
 ``--one-at-a-time``, they run one after another instead (servers cannot share one GPU's memory).
@@ -92,8 +92,8 @@ def launch_configs(names: list[str], draft: str | None, ngram_draft_tokens: int 
         raise LoadTestError("configuration dspark-baseline-draft needs --baseline-draft-model-path DRAFT_DIR")
     table = {
         "no-spec": ServerConfig("no-spec", "no-spec"),
-        # A second no-spec server: its ratio to the first is what two identical servers read in this run (on a shared
-        # 2-core machine ±5-10 % per level), the yardstick for every other ratio of the table.
+        # A second no-spec server: its ratio to the first is what two identical servers read in this run (the noise
+        # floor, docs/loadtest.md), the yardstick for every other ratio of the table.
         "no-spec-control": ServerConfig("no-spec-control", "no-spec (control)"),
         "dspark": ServerConfig("dspark", "DSPARK (sglang-dspark)", draft_args),
         # The same server with another draft (e.g. the one shipped before a retrained one): two drafts served side by

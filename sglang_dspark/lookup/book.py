@@ -3,7 +3,7 @@
 A request's index (``index.ContextIndex``) is built from its prompt, starting at its first decode step, and extended
 by the tokens committed since on every later one; a finished request's index is dropped when a batch no longer lists it
 (:meth:`LookupBook.retain`), so memory is bounded by the running requests' contexts, each cut to the window of
-``index.IndexLimits``. A request whose token list is shorter than what was indexed (a retraction that dropped
+``config.IndexLimits``. A request whose token list is shorter than what was indexed (a retraction that dropped
 outputs) is re-indexed from scratch.
 
 Indexing is budgeted per call (:meth:`LookupBook.propose`, :meth:`LookupBook.any_match`; a decode step makes at most
@@ -24,10 +24,8 @@ from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from sglang_dspark.lookup.index import ContextIndex, IndexLimits, LookupProposal
-
-DEFAULT_MIN_NGRAM = 2
-DEFAULT_MAX_NGRAM = 6
+from sglang_dspark.lookup.config import DEFAULT, LookupConfig
+from sglang_dspark.lookup.index import ContextIndex, LookupProposal
 
 
 @dataclass(frozen=True)
@@ -52,14 +50,22 @@ class BatchProposals:
 
 
 class LookupBook:
-    def __init__(self, *, min_ngram: int = DEFAULT_MIN_NGRAM, max_ngram: int = DEFAULT_MAX_NGRAM,
-                 limits: IndexLimits = IndexLimits()) -> None:
-        self.min_ngram, self.max_ngram, self.limits = min_ngram, max_ngram, limits
+    def __init__(self, config: LookupConfig = DEFAULT) -> None:
+        """``config``: the n-gram range (``min_ngram``, ``max_ngram``) and ``index_limits`` the indices keep to."""
+        self.config = config
         self._indices: dict[str, ContextIndex] = {}
         self.last_call_tokens = 0  # tokens indexed or dropped by the latest propose / any_match / index_for call
 
     def __len__(self) -> int:
         return len(self._indices)
+
+    @property
+    def min_ngram(self) -> int:
+        return self.config.min_ngram
+
+    @property
+    def max_ngram(self) -> int:
+        return self.config.max_ngram
 
     def index_for(self, rid: str, prompt: Sequence[int], output: Sequence[int],
                   budget: Optional[int] = None) -> ContextIndex:
@@ -107,7 +113,8 @@ class LookupBook:
         index = self._indices.get(rid)
         known = len(prompt) + len(output)
         if index is None or len(index) > known:
-            index = ContextIndex(min_ngram=self.min_ngram, max_ngram=self.max_ngram, window=self.limits.window)
+            index = ContextIndex(min_ngram=self.min_ngram, max_ngram=self.max_ngram,
+                                 window=self.config.index_limits.window)
             self._indices[rid] = index
         appended = len(index)
         if appended < len(prompt):
@@ -121,10 +128,11 @@ class LookupBook:
         """Index the ``(key, index)`` pairs within one call's budget (module docstring), fewest pending tokens first,
         yielding each once it had its turn (a consumer that stops early leaves the rest as they are)."""
         self.last_call_tokens = 0
-        left = self.limits.tokens_per_call
+        limits = self.config.index_limits
+        left = limits.tokens_per_call
         for key, index in sorted(indexed, key=lambda pair: pair[1].pending):
             pending = index.pending
-            if pending <= self.limits.keep_up_tokens:  # a step's own commits and drops: never held back
+            if pending <= limits.keep_up_tokens:  # a step's own commits and drops: never held back
                 self.last_call_tokens += index.catch_up()
             else:
                 used = index.catch_up(left)

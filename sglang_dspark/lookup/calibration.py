@@ -14,11 +14,13 @@ reports the expected calibration error of the estimates it handed out, against w
 The scheduler plans with the mean, so its choices rest on calibrated estimates, and explores: one step with
 proposals in ``explore_every`` plans with :meth:`optimistic`, the mean plus ``optimism`` posterior standard deviations
 (:meth:`planning` picks). A bucket is learned only from chains that were verified, and a chain is verified only
-where its estimate pays, so a mean that starts below the pay line (the Beta(1, 1) prior's 0.5 does at 16 requests on
-a CPU, where a verify of 2R tokens costs +50 % over R) would never be tried and never learned; the exploring steps
+where its estimate pays, so a mean that starts below the pay line (the Beta(1, 1) prior's 0.5 can, at a full batch)
+would never be tried and never learned; the exploring steps
 try it, and where it pays the mean rises above the line. Not every step optimistically: a bonus on each position
 compounds along a chain, so such plans expect more than chains get and verify chains that do not pay
 (docs/lookup.md). The bonus shrinks as 1/√(tries). The calibration error is scored on the mean.
+
+The buckets, the prior, ``optimism``, ``explore_every`` and the temperature bands are ``config.LookupConfig``'s.
 """
 
 from __future__ import annotations
@@ -27,45 +29,45 @@ import math
 
 import torch
 
+from sglang_dspark.lookup.config import DEFAULT, LookupConfig
 
 GREEDY = 0
-TEMPERATURE_BANDS = (0.5, 1.0)  # sampled rows: class 1 at T <= 0.5, 2 at T <= 1.0, 3 above
-SAMPLING_CLASSES = 2 + len(TEMPERATURE_BANDS)
 
 
-def sampling_class(temperature: float, top_k: int) -> int:
+def sampling_class(temperature: float, top_k: int, bands: tuple[float, ...] = DEFAULT.temperature_bands) -> int:
     """A request's sampling class: :data:`GREEDY` for top-k 1 (SGLang's form of temperature 0), else 1 + the index of
-    the first band of :data:`TEMPERATURE_BANDS` at or above its temperature (the last class above them all)."""
+    the first of the temperature ``bands`` at or above its temperature (the last class above them all)."""
     if int(top_k) == 1:
         return GREEDY
-    for index, upper in enumerate(TEMPERATURE_BANDS):
+    for index, upper in enumerate(bands):
         if float(temperature) <= upper:
             return 1 + index
-    return SAMPLING_CLASSES - 1
+    return 1 + len(bands)
 
 
 class LookupCalibration:
-    def __init__(self, *, max_tokens: int = 16, match_buckets: tuple[int, ...] = (2, 3, 4, 6), prior: tuple[float, float]
-                 = (1.0, 1.0), ece_bins: int = 10, optimism: float = 1.0, explore_every: int = 16) -> None:
-        if max_tokens < 1 or not match_buckets or list(match_buckets) != sorted(match_buckets) or optimism < 0 \
-                or explore_every < 1:
-            raise ValueError(f"LookupCalibration: bad max_tokens={max_tokens}, match_buckets={match_buckets}, "
-                             f"optimism={optimism} or explore_every={explore_every}")
-        self.optimism = float(optimism)
-        self.explore_every = int(explore_every)
+    def __init__(self, *, max_tokens: int = 16, config: LookupConfig = DEFAULT) -> None:
+        """``max_tokens``: positions tracked (the step's γ; later ones read the last one's rate). ``config``: the
+        buckets, prior, exploration and sampling classes (``match_buckets`` .. ``temperature_bands``)."""
+        if max_tokens < 1:
+            raise ValueError(f"LookupCalibration: need max_tokens >= 1, got {max_tokens}")
+        self.config = config
         self.max_tokens = max_tokens
-        self.match_buckets = tuple(match_buckets)
-        self.prior = prior
-        self.accepted = torch.zeros(SAMPLING_CLASSES, len(match_buckets), max_tokens, dtype=torch.float64)
+        self.accepted = torch.zeros(config.sampling_classes, len(config.match_buckets), max_tokens,
+                                    dtype=torch.float64)
         self.tried = torch.zeros_like(self.accepted)
-        self._bin_predicted = torch.zeros(ece_bins, dtype=torch.float64)
-        self._bin_outcome = torch.zeros(ece_bins, dtype=torch.float64)
-        self._bin_count = torch.zeros(ece_bins, dtype=torch.float64)
+        self._bin_predicted = torch.zeros(config.ece_bins, dtype=torch.float64)
+        self._bin_outcome = torch.zeros_like(self._bin_predicted)
+        self._bin_count = torch.zeros_like(self._bin_predicted)
+
+    def sampling_class(self, temperature: float, top_k: int) -> int:
+        """A request's sampling class under this calibration's temperature bands (:func:`sampling_class`)."""
+        return sampling_class(temperature, top_k, self.config.temperature_bands)
 
     def _bucket(self, match_len: int) -> int:
         """The largest bucket at or below ``match_len`` (the smallest for shorter matches)."""
         index = 0
-        for i, lower in enumerate(self.match_buckets):
+        for i, lower in enumerate(self.config.match_buckets):
             if match_len >= lower:
                 index = i
         return index
@@ -77,20 +79,20 @@ class LookupCalibration:
 
     def optimistic(self, match_len: int, num_tokens: int, kind: int = GREEDY) -> torch.Tensor:
         """``[num_tokens]`` the posterior mean plus ``optimism`` posterior standard deviations, at most 1."""
-        return self._estimate(match_len, num_tokens, self.optimism, kind)
+        return self._estimate(match_len, num_tokens, self.config.optimism, kind)
 
     def explores(self, step: int) -> bool:
         """Whether the ``step``-th planned step with proposals (from 0) explores (module docstring)."""
-        return step % self.explore_every == 0
+        return step % self.config.explore_every == 0
 
     def planning(self, match_len: int, num_tokens: int, kind: int = GREEDY, *, explore: bool) -> torch.Tensor:
         """``[num_tokens]`` the estimate a step plans with: :meth:`optimistic` on an exploring step, else the mean."""
-        return self._estimate(match_len, num_tokens, self.optimism if explore else 0.0, kind)
+        return self._estimate(match_len, num_tokens, self.config.optimism if explore else 0.0, kind)
 
     def _estimate(self, match_len: int, num_tokens: int, optimism: float, kind: int) -> torch.Tensor:
         k = min(int(num_tokens), self.max_tokens)
         row = self._bucket(match_len)
-        a, b = self.prior
+        a, b = self.config.acceptance_prior
         alpha = self.accepted[kind, row, :k] + a
         total = self.tried[kind, row, :k] + a + b
         estimate = alpha / total
@@ -132,4 +134,4 @@ class LookupCalibration:
         return float(gaps.sum() / total)
 
 
-__all__ = ["GREEDY", "LookupCalibration", "SAMPLING_CLASSES", "TEMPERATURE_BANDS", "sampling_class"]
+__all__ = ["GREEDY", "LookupCalibration", "sampling_class"]

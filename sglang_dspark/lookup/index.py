@@ -10,7 +10,7 @@ Long contexts (issue #46). Appending tokens (:meth:`ContextIndex.append`) only s
 first, and the index proposes nothing until it has caught up (then exactly what a scan proposes). With a ``window``
 the index covers the request's last ``window`` tokens only: an occurrence that starts before them is dropped from
 the map (one token's n-grams per token that leaves, also budgeted), so its memory is bounded by the window, not the
-context. :class:`IndexLimits` holds both numbers; ``benchmarks/lookup_index_cost.py`` measures what they buy.
+context. ``config.IndexLimits`` holds both numbers; ``benchmarks/lookup_index_cost.py`` measures what they buy.
 
 The proposal is deterministic (a point mass), so verifying it is exact under the standard acceptance rule.
 """
@@ -21,15 +21,7 @@ from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-
-@dataclass(frozen=True)
-class IndexLimits:
-    """The host time and memory the lookup's per-request indices may take (applied by ``lookup/book.py``; measured by
-    ``benchmarks/lookup_index_cost.py``: about 1-2 µs and 0.55 KB per indexed token on the 2-core CPU)."""
-
-    tokens_per_call: int = 2048  # catch-up tokens per book call, shared by the requests behind: bounds one step's stall
-    keep_up_tokens: int = 64  # a request with at most this many pending (a step's commits and drops) is never held back
-    window: Optional[int] = 32768  # the index covers a request's last `window` tokens (None: its whole context)
+from sglang_dspark.lookup.config import DEFAULT
 
 
 _SHORT_RUN = 32  # runs of fewer tokens are (un)indexed by plain loops; longer ones by zip (C-speed n-grams): speed only
@@ -45,7 +37,8 @@ class ContextIndex:
     """One request's index (module docstring). ``append`` stores tokens, ``catch_up`` indexes them (``extend``:
     both, whole); ``propose`` reads the current tail once caught up."""
 
-    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 6, window: Optional[int] = None) -> None:
+    def __init__(self, *, min_ngram: int = DEFAULT.min_ngram, max_ngram: int = DEFAULT.max_ngram,
+                 window: Optional[int] = None) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if window is not None and window <= max_ngram:
@@ -185,8 +178,8 @@ class ContextIndex:
             self._base = self._dropped
 
 
-def brute_force_proposal(tokens: Sequence[int], max_tokens: int, *, min_ngram: int = 2,
-                         max_ngram: int = 6) -> Optional[LookupProposal]:
+def brute_force_proposal(tokens: Sequence[int], max_tokens: int, *, min_ngram: int = DEFAULT.min_ngram,
+                         max_ngram: int = DEFAULT.max_ngram) -> Optional[LookupProposal]:
     """The same answer by scanning (the reference the index is tested against; with a window: scan its tokens)."""
     length = len(tokens)
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
@@ -197,4 +190,4 @@ def brute_force_proposal(tokens: Sequence[int], max_tokens: int, *, min_ngram: i
     return None
 
 
-__all__ = ["ContextIndex", "IndexLimits", "LookupProposal", "brute_force_proposal"]
+__all__ = ["ContextIndex", "LookupProposal", "brute_force_proposal"]

@@ -8,34 +8,36 @@ record does not time: ``engine/step_record.StepRecord.gap_seconds`` does;
 ``profiler/overlap_gap.py`` learns it). So, per load bucket (``load_bucket``, as the step costs are), the overlap is
 given up only while both hold:
 
-* **chains are being verified**: fewer than ``patience`` matched steps in a row verified none (a step the scheduler
-  waited for that then had no proposal, or whose proposals the choice declined, counts as one that verified none);
+* **chains are being verified**: fewer than ``overlap_patience`` matched steps in a row verified none (a step the
+  scheduler waited for that then had no proposal, or whose proposals the choice declined, counts as one that verified
+  none);
 * **they pay for the wait**: the chains' predicted saving per matched step (``saved_seconds``, a mean over matched
   steps, zeros included) is at least the gap the wait costs at that load (unknown saving: assumed to pay).
 
-Otherwise batches keep the overlap, except one in ``patience``, whose current tokens let the scheduler weigh the
-chains again. Where the wait costs nothing (gap 0: the CPU, where the forward runs on the host either way) the second
-rule always holds.
+Otherwise batches keep the overlap, except one in ``overlap_patience``, whose current tokens let the scheduler weigh
+the chains again. Where the wait costs nothing (gap 0: the CPU, where the forward runs on the host either way) the
+second rule always holds. The knobs (``overlap_patience``, ``saving_rate``) are ``lookup/config.LookupConfig``'s.
 """
 
 from __future__ import annotations
 
+from sglang_dspark.lookup.config import DEFAULT, LookupConfig
 from sglang_dspark.profiler.step_overhead import load_bucket
 
 __all__ = ["CurrentTokensPolicy"]
 
 class CurrentTokensPolicy:
-    def __init__(self, patience: int = 16, saving_rate: float = 0.125) -> None:
-        if patience < 1:
-            raise ValueError(f"CurrentTokensPolicy: patience must be >= 1, got {patience}")
-        if not 0.0 < saving_rate <= 1.0:
-            raise ValueError(f"CurrentTokensPolicy: saving_rate must be in (0, 1], got {saving_rate}")
-        self.patience = int(patience)
-        self.saving_rate = float(saving_rate)  # weight of the newest matched step in the mean saving
+    def __init__(self, config: LookupConfig = DEFAULT) -> None:
+        self.config = config
         self._declined: dict[int, int] = {}  # per load bucket: matched steps in a row that verified no chain
         self._kept: dict[int, int] = {}  # per load bucket: matched batches in a row that kept the overlap
         self._saving: dict[int, float] = {}  # per load bucket: mean predicted seconds the chains saved per matched step
         self._gap: dict[int, float] = {}  # per load bucket: the gap cost the last decision read (summary only)
+
+    @property
+    def patience(self) -> int:
+        """``config.overlap_patience`` (module docstring)."""
+        return self.config.overlap_patience
 
     def _pays(self, bucket: int, gap_seconds: float) -> bool:
         saving = self._saving.get(bucket)
@@ -65,7 +67,7 @@ class CurrentTokensPolicy:
         if saved is not None:
             previous = self._saving.get(bucket)
             self._saving[bucket] = float(saved) if previous is None else (
-                previous + self.saving_rate * (float(saved) - previous))
+                previous + self.config.saving_rate * (float(saved) - previous))
 
     def summary(self) -> dict:
         """Load buckets where batches keep the overlap now: the chains were not verified lately, or their saving was

@@ -32,7 +32,9 @@ Rules around the comparison (knobs in :class:`DraftGateConfig`; why each exists,
 
 Policies: :class:`DraftGate` (``auto``), :class:`ComebackGate` (a test cost model), :class:`ForcedGate` (``off``:
 the null gate, ``pause``, ``alternate``); :func:`make_draft_gate` maps ``SGLANG_DSPARK_DRAFT_GATE`` to one. Each has
-``decide`` (once per decode step), ``held_pause``, ``observe(record)`` and ``summary``.
+``advise`` (once per decode step: the decision, the policy's state advanced), ``held_advice`` (a held pause),
+``tally`` (what the step did), ``observe(record)`` and ``summary``; ``decide`` / ``held_pause`` advise and tally
+in one call.
 """
 
 from __future__ import annotations
@@ -173,7 +175,22 @@ class _Counts:
     last: Optional[GateDecision] = None
     reasons: dict[str, int]  # set by each policy's constructor
 
-    def _count(self, decision: GateDecision) -> None:
+    def decide(self, **facts) -> GateDecision:
+        """The gate's decision for this step, counted as what the step did (:meth:`advise`, then :meth:`tally`)."""
+        decision = self.advise(**facts)
+        self.tally(decision)
+        return decision
+
+    def held_pause(self, num_requests: int) -> Optional[GateDecision]:
+        """:meth:`held_advice`, counted as what the step did (None: a full decision is due)."""
+        decision = self.held_advice(num_requests)
+        if decision is not None:
+            self.tally(decision)
+        return decision
+
+    def tally(self, decision: GateDecision) -> None:
+        """Count what the step did. The step chooser (``step_choice.py``) tallies its final decision, which may
+        differ from the gate's advice (a draft the lookup chains beat); the policy's own state keeps its advice."""
         self.decisions += 1
         self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
         if decision.draft:
@@ -181,20 +198,6 @@ class _Counts:
         else:
             self.skipped += 1
         self.last = decision
-
-    def recount(self, counted: GateDecision, final: GateDecision) -> None:
-        """The caller replaced ``counted``, the decision this gate returned last, by ``final`` (the planner does when
-        a drafted step would not beat the lookup chains without the draft): the counts tell what the step did. Only
-        the counts: the policy's own state keeps what it decided."""
-        if self.last is not counted:
-            raise ValueError("recount: only the gate's last decision can be replaced")
-        self.reasons[counted.reason] -= 1
-        if not self.reasons[counted.reason]:
-            del self.reasons[counted.reason]
-        self.reasons[final.reason] = self.reasons.get(final.reason, 0) + 1
-        self.drafted += int(final.draft) - int(counted.draft)
-        self.skipped += int(counted.draft) - int(final.draft)
-        self.last = final
 
     def summary(self) -> dict:
         return {"mode": self.mode, "decisions": self.decisions, "drafted": self.drafted, "skipped": self.skipped,
@@ -211,15 +214,12 @@ class ForcedGate(_Counts):
         self.mode = mode
         self.reasons = {}
 
-    def decide(self, **_) -> GateDecision:
+    def advise(self, **_) -> GateDecision:
         if self.mode == "off":
-            decision = GateDecision(True, "off")
-        else:
-            decision = GateDecision(self.mode == "alternate" and self.decisions % 2 == 0, "forced")
-        self._count(decision)
-        return decision
+            return GateDecision(True, "off")
+        return GateDecision(self.mode == "alternate" and self.decisions % 2 == 0, "forced")
 
-    def held_pause(self, num_requests: int) -> None:
+    def held_advice(self, num_requests: int) -> None:
         return None
 
     def observe(self, record) -> None:
@@ -260,7 +260,7 @@ class DraftGate(_Counts):
 
     # ------------------------------------------------------------------ decision
 
-    def decide(
+    def advise(
         self,
         *,
         lagged_survival: Optional[torch.Tensor],
@@ -270,8 +270,9 @@ class DraftGate(_Counts):
         num_requests: Optional[int] = None,
         prior_survival: Optional[torch.Tensor] = None,
     ) -> GateDecision:
-        """``prior_survival``: the population's survivals for R rows (:class:`SurvivalPrior`), read instead of
-        ``lagged_survival`` once that reading is stale (module docstring)."""
+        """The gate's advice for this step, its own state advanced as if the step runs it (:meth:`tally` counts what
+        the step did). ``prior_survival``: the population's survivals for R rows (:class:`SurvivalPrior`), read
+        instead of ``lagged_survival`` once that reading is stale (module docstring)."""
         read_prior = prior_survival is not None and self._decisions_since_draft > self.config.fresh_steps
         if read_prior:
             lagged_survival = prior_survival
@@ -281,7 +282,7 @@ class DraftGate(_Counts):
                                      num_requests)
         if decision.draft and decision.choice is not None and not read_prior and self._reads_served_costs():
             decision = replace(decision, budget=decision.choice.capacity)
-        self._count(decision)
+        self._advance(decision)
         return decision
 
     def _costs(self, seconds_without, cost, skip_samples):
@@ -324,7 +325,7 @@ class DraftGate(_Counts):
         self._held_rows, self._held_steps, self._probe_due = num_requests, 0, probe_due
         return GateDecision(False, "pause", choice)
 
-    def held_pause(self, num_requests: int) -> Optional[GateDecision]:
+    def held_advice(self, num_requests: int) -> Optional[GateDecision]:
         """The last full pause decision repeated without reading anything (module docstring); None when a full
         decision is due: another R, ``hold_pause_steps`` held in a row, a drafted step within ``hold_after_draft``
         decisions, or a probe that may be due."""
@@ -337,7 +338,7 @@ class DraftGate(_Counts):
         decision = GateDecision(False, "pause", last.choice)
         self._held_steps += 1
         self.held += 1
-        self._count(decision)
+        self._advance(decision)
         return decision
 
     def refresh_interval(self, draft_rate: float, skip_rate: float) -> int:
@@ -408,8 +409,8 @@ class DraftGate(_Counts):
         steps = extra / (share * choice.seconds_skip)
         return int(min(math.ceil(steps), self.config.max_probe_interval))
 
-    def _count(self, decision: GateDecision) -> None:
-        super()._count(decision)
+    def _advance(self, decision: GateDecision) -> None:
+        """The policy's state after advising ``decision``: spells, probe back-off, pause hold."""
         if decision.draft:
             self._drafted_since_skip += 1
             self._decisions_since_draft = 0

@@ -17,6 +17,7 @@ rolling window of the latest pairs, so it follows the current traffic.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -145,6 +146,19 @@ class AdmissionStats:
             self._window_filled = 0
 
     # ------------------------------------------------------------------ recording
+
+    _skip_logged = False
+
+    def observe(self, record, survival: torch.Tensor | None) -> None:
+        """A decode step's record (``engine/step_record.StepRecord``; ``survival``: its confidences' survivals). A
+        record it cannot read is skipped, logged once: observability must never take a decode step down."""
+        try:
+            self.record_step(verify_lens=record.verify_lens, accepted_drafts=[max(0, n - 1) for n in record.commit_lens],
+                             survival=survival, step_seconds=record.seconds, drafted=record.drafted)
+        except ValueError as exc:
+            if not self._skip_logged:
+                self._skip_logged = True
+                logging.getLogger(__name__).warning("sglang-dspark: admission stats skipped a step (%s)", exc)
 
     def record_step(
         self,

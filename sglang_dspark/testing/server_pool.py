@@ -1,6 +1,6 @@
 """Servers shared by the tests: one per launch configuration, started on first use, stopped when the pool closes.
 
-A server start costs 25-60 s on a 2-core machine, so tests that need the same launch (model, arguments,
+A server start is slow (docs/testing.md), so tests that need the same launch (model, arguments,
 environment, KV size) ask the pool instead of starting their own. The key is the whole launch: two tests share a
 server only when a user could not tell their launches apart. A test that needs a server of its own (start-up
 behaviour, a cache it must find empty, a crash) uses the ``launch`` fixture and says why.
@@ -10,7 +10,7 @@ Sharing means a test meets a server that already served other tests: tests that 
 log, so a test that reads the log sees the traffic before it too.
 
 At most ``max_alive`` servers run at once (least recently used stopped first: idle servers sleep, but each holds
-~1 GB of memory); a server that died is started again on its next request, and the death stays in its log.
+its memory); a server that died is started again on its next request, and the death stays in its log.
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ Initialisation choices (why the numbers below are what they are):
 * A random Llama with the usual tiny init (std 0.02) collapses to one repeated token under greedy decoding.
   Here the embedding has unit std and every projection is fan-in scaled, so greedy continuations wander over
   hundreds of tokens. The attention output projection is damped (gain 0.15): the next token then depends
-  mostly on the current token and partly on the context: in greedy runs the next token equals the
-  one-token-context prediction 44-52 % of the time (seeds 0-3), which a bigram-style draft (below) can
-  exploit, while outputs still vary. The logit scale (std 6 per unit-RMS hidden) keeps
+  mostly on the current token and partly on the context: in greedy runs the next token often equals the
+  one-token-context prediction (docs/testing.md), which a bigram-style draft (below) can exploit, while
+  outputs still vary. The logit scale (std 6 per unit-RMS hidden) keeps
   the top-1/top-2 gap away from zero (fp32 greedy identity across kernels needs no near-ties).
 * Special tokens and the padded vocabulary rows get zero lm_head rows: their logit is exactly 0 while the
   best logit is far above, so the model never emits EOS, the mask token or an id the tokenizer cannot decode

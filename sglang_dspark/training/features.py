@@ -200,7 +200,7 @@ def build_feature_cache(
             bar.update(n_tok)
             continue
         # Batches of sequences of similar length: the batch is right-padded to its longest, so on answers of mixed
-        # length the order of the data set would pad the work to ~2x. Rows go back to data-set order below.
+        # length the order of the data set would add much padding. Rows go back to data-set order below.
         by_length = sorted(range(a, b), key=lambda t: len(seqs[t].input_ids))
         results: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         i = 0

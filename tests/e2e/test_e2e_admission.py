@@ -96,8 +96,12 @@ def test_upstream_sps_table_json_still_loads(tiny_pair, launch, nospec_reference
     assert_same_ids([r["output_ids"] for r in results] + nospec_reference["bs1"][8:], nospec_reference["bs1"], "json")
     assert info["sps"]["source"] == "upstream-json"
     # Prometheus (--enable-metrics): our series, exported from the scheduler process.
-    for name in ("sglang_dspark:mean_admitted_draft_len", "sglang_dspark:confidence_ece", "sglang_dspark:admission_policy_info"):
+    for name in ("sglang:dspark_mean_admitted_draft_length", "sglang:dspark_confidence_ece",
+                 "sglang:dspark_admission_policy_info", "sglang:dspark_decode_steps_total"):
         assert name in metrics, name
+    # Lifetime totals are counters, named ..._total once (the multiprocess collector's TYPE line keeps the suffix).
+    assert re.search(r"^# TYPE sglang:dspark_decode_steps(_total)? counter$", metrics, re.M)
+    assert "# TYPE sglang:dspark_mean_accept_length gauge" in metrics and "_total_total" not in metrics
     # The steep table makes extra verify tokens expensive: short windows on average.
     assert info["mean_admitted_draft_len"] < 7
 

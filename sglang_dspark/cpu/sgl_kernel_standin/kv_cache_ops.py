@@ -110,7 +110,7 @@ def _ragged_positions(
 
 
 # Up to this many requests the spans are built as Python lists: these are CPU tensors, and four tensor ops
-# (repeat_interleave with tensor repeats, cumsum, arange) cost ~4x the list build at serving batch sizes; the op runs
+# (repeat_interleave with tensor repeats, cumsum, arange) are slower than the list build up to this size; the op runs
 # a few times per decode step.
 _HOST_BUILD_MAX_REQUESTS = 64
 

@@ -2,9 +2,9 @@
 
 When the gate skips the draft, the planner verifies the anchors only (verify length 1 for every request). Upstream's
 compact verify then scatters the R logits rows into the strided (R × verify width) layout, zero-filled, and runs its
-accept over all R × width rows: on the CPU at 16 users that is a 25 MB fill and an argmax over 128 vocabulary-wide
-rows, ~10 % of a step, to read R rows. :class:`AnchorOnlyVerifyExecutor` (upstream's ``TargetVerifyExecutor``,
-re-classed) keeps the logits at one row per request on such steps and accepts from them:
+accept over all R × width rows: a fill and an argmax over R × width vocabulary-wide rows to read R of them.
+:class:`AnchorOnlyVerifyExecutor` (upstream's ``TargetVerifyExecutor``, re-classed) keeps the logits at one row per
+request on such steps and accepts from them:
 
 * the target forward is upstream's (``_run_ragged``: same window, KV slots, penalties-free adjustments);
 * the hidden states are still scattered to the strided layout, because upstream's draft-KV injection reads them
@@ -30,7 +30,7 @@ from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResu
 from sglang.srt.speculative.dspark_components.dspark_verify import TargetVerifyExecutor, build_accept_outs
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
-from sglang_dspark.engine.step_plan import CurrentStep
+from sglang_dspark.engine.current_step import CurrentStep
 
 
 def compact_anchor_step_eligible(worker, batch) -> bool:
@@ -57,7 +57,7 @@ class AnchorOnlyVerifyExecutor(TargetVerifyExecutor):
     """Upstream's verify executor plus a compact anchor-only step (module docstring), taken on steps planned so
     (``StepPlan.compact_anchor``, after :func:`compact_anchor_step_eligible`)."""
 
-    step = CurrentStep()  # the worker's, shared when the gate is installed (engine/step_plan.py)
+    step = CurrentStep()  # the worker's, shared when the gate is installed (engine/current_step.py)
 
     def run_compact(self, *, batch, layout, draft_block_ids, draft_tokens, bs, device, sampling_info,
                     verify_window, inject_gate=False):

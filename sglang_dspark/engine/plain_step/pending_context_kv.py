@@ -2,10 +2,10 @@
 
 A step the draft gate skipped still has to put its committed token's target hidden states into the draft KV (the
 next drafted step drafts from the full context). Written on every skipped step, that is one small projection per
-step through every draft layer's K/V weights: on a CPU a few percent of a decode step, paid on every step of a
-pause, which is most steps under load. Nothing reads draft KV during a pause, so the rows wait here and are written
-together where a forward may read or write draft KV next (a drafted step, a prefill, a step through upstream's
-verify): one projection for the whole pause, at the cost of one step's.
+step through every draft layer's K/V weights, paid on every step of a pause, which is most steps under load
+(docs/scheduling.md, "Why each rule exists"). Nothing reads draft KV during a pause, so the rows wait here and are
+written together where a forward may read or write draft KV next (a drafted step, a prefill, a step through
+upstream's verify): one projection for the whole pause, at the cost of one step's.
 
 Why the written state is the same as writing every step: the rows are kept in step order and a batch writes each
 slot's newest row only. A slot can come back within a pause (a request finishes, the allocator hands its slot to

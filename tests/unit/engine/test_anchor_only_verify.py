@@ -23,7 +23,8 @@ from scipy import stats
 
 from sglang.kernels.ops.speculative.dspark import dspark_accept
 from sglang_dspark.engine.plain_step.anchor_only_verify import AnchorOnlyVerifyExecutor
-from sglang_dspark.engine.step_plan import CurrentStep, StepPlan
+from sglang_dspark.engine.current_step import CurrentStep
+from sglang_dspark.scheduling.step_plan import StepPlan
 from sglang_dspark.kernels.rejection_sampling import chain_speculative_sampling_torch
 from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResult
 

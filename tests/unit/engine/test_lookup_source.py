@@ -9,9 +9,11 @@ import msgspec
 import pytest
 import torch
 
-from sglang_dspark.engine.lookup_source import LookupSource, current_rows
-from sglang_dspark.lookup.active import active_lookup
+from sglang_dspark.engine.lookup_source import NULL_LOOKUP, LookupSource, current_rows
 from sglang_dspark.engine.step_record import StepRecord
+from sglang_dspark.scheduling.draft_gate import GateDecision
+from sglang_dspark.scheduling.step_choice import choose_chains
+from sglang_dspark.scheduling.step_plan import StepPlan
 from sglang_dspark.patches.lookup_current_tokens import LAUNCH_ATTRIBUTE, BatchLaunch
 from sglang_dspark.scheduling.draft_gate import FlatCost
 
@@ -28,8 +30,21 @@ def _batch(reqs, seq_lens=None):
     return SimpleNamespace(reqs=reqs, seq_lens_cpu=torch.tensor(seq_lens), spec_info=None)
 
 
-def _plan(source, batch, **choice):
-    return source.rows_for(source.propose(batch), **choice)
+def _plan(source, batch, *, drafted, draft_survival, cost):
+    """The source's proposals for ``batch``, the rows the chooser gives a chain (scheduling/step_choice.py), and what
+    the source learns from that choice; the chosen chains (None: none)."""
+    proposed = source.propose(batch)
+    if proposed is None:
+        return None
+    chains = choose_chains(proposed, drafted=drafted, draft_survival=draft_survival, cost=cost, forced=source.forced)
+    source.chosen(StepPlan.decided(GateDecision(drafted, "test"), compact_ok=False, plain_ok=False, lookup=chains),
+                  len(proposed.lengths), cost)
+    return chains
+
+
+def _record(*, drafted=True, lookup=None, overlap_given_up=False, **fields):
+    """A step record of a step planned with the draft (``drafted``) and these lookup rows."""
+    return StepRecord(plan=StepPlan(draft=drafted, lookup=lookup, overlap_given_up=overlap_given_up), **fields)
 
 
 REPEATING = _req("a", [5, 6, 7, 8, 9, 5, 6], [7])  # tail (5, 6, 7) recurs: propose 8, 9, 5, 6
@@ -48,7 +63,7 @@ def test_a_step_without_the_draft_verifies_what_pays_and_only_current_rows():
 
 
 def test_gate_rows_without_a_proposal_keep_their_draft_survival():
-    from sglang_dspark.scheduling.lookup_choice import without_rows
+    from sglang_dspark.scheduling.step_choice import without_rows
 
     proposed = LookupSource(GAMMA).propose(_batch([REPEATING, FRESH]))
     survival = torch.full((2, GAMMA), 0.8)
@@ -77,11 +92,11 @@ def test_records_teach_the_calibration_and_count_each_source():
     plan = _plan(source, _batch([REPEATING, FRESH]), drafted=False, draft_survival=None, cost=FlatCost(1.0))
     before = source.calibration.conditional(3, 4).clone()
     # Row 0 verified its 4 lookup tokens and 3 were accepted (+ the bonus): committed 4; row 1 its anchor only.
-    source.observe(StepRecord(verify_lens=[5, 1], commit_lens=[4, 1], confidence=None, seconds=0.01, drafted=False,
+    source.observe(_record(verify_lens=[5, 1], commit_lens=[4, 1], confidence=None, seconds=0.01, drafted=False,
                               lookup=plan))
     after = source.calibration.conditional(3, 4)
     assert (after[:3] > before[:3]).all() and after[3] < before[3]
-    source.observe(StepRecord(verify_lens=[3, 2], commit_lens=[1, 3], confidence=None, seconds=0.01, drafted=True))
+    source.observe(_record(verify_lens=[3, 2], commit_lens=[1, 3], confidence=None, seconds=0.01, drafted=True))
     summary = source.summary()
     assert summary["steps"] == {"plain": 0, "drafted": 1, "lookup": 1, "mixed": 0}
     assert summary["lookup"]["rows"] == 1 and summary["lookup"]["verified"] == 4 and summary["lookup"]["accepted"] == 3
@@ -89,14 +104,14 @@ def test_records_teach_the_calibration_and_count_each_source():
     assert summary["lookup"]["ece"] is not None and summary["plan_us_per_step"] > 0
 
 
-def test_from_env_is_the_source_the_scheduler_side_patch_asks(monkeypatch):
+def test_from_env_is_the_null_source_when_off(monkeypatch):
     monkeypatch.setenv("SGLANG_DSPARK_LOOKUP", "off")
-    assert LookupSource.from_env(GAMMA) is None and active_lookup() is None
+    off = LookupSource.from_env(GAMMA)
+    assert off is NULL_LOOKUP and not off.enabled and off.propose(_batch([REPEATING])) is None
+    assert not off.needs_current_tokens([REPEATING]) and off.summary() is None
     monkeypatch.setenv("SGLANG_DSPARK_LOOKUP", "forced")
     source = LookupSource.from_env(GAMMA)
-    assert source.forced and active_lookup() is source
-    monkeypatch.setenv("SGLANG_DSPARK_LOOKUP", "off")
-    LookupSource.from_env(GAMMA)
+    assert source.forced and source.enabled
 
 
 def test_a_drafted_step_s_lookup_rows_get_their_chain_a_point_mass_and_their_estimates():
@@ -148,7 +163,7 @@ class CpuLikeCost:
 def _verify(source, plan, accepted_per_row: int):
     """A step that verified ``plan`` and accepted ``accepted_per_row`` chain tokens of every row (at most its length)."""
     commits = (1 + torch.clamp(plan.lengths, max=accepted_per_row)).tolist()
-    source.observe(StepRecord(verify_lens=(1 + plan.lengths).tolist(), commit_lens=commits, confidence=None,
+    source.observe(_record(verify_lens=(1 + plan.lengths).tolist(), commit_lens=commits, confidence=None,
                               seconds=0.2, drafted=False, lookup=plan))
 
 
@@ -201,7 +216,7 @@ def test_batches_keep_the_overlap_at_a_load_where_no_chain_was_verified_lately()
 def test_the_trace_compares_what_a_lookup_step_expected_with_what_it_got():
     source = LookupSource(GAMMA)
     plan = _plan(source, _batch([REPEATING, FRESH]), drafted=False, draft_survival=None, cost=FlatCost(1.0))
-    record = StepRecord(verify_lens=[5, 1], commit_lens=[3, 1], confidence=None, seconds=0.2, drafted=False,
+    record = _record(verify_lens=[5, 1], commit_lens=[3, 1], confidence=None, seconds=0.2, drafted=False,
                         lookup=plan)
     fields = source.trace_fields(record, FlatCost(0.25))
     expected = float(torch.cumprod(plan.conditional[0], dim=0).sum())
@@ -223,7 +238,7 @@ def test_greedy_and_sampled_rows_plan_and_learn_with_their_own_class():
     for _ in range(20):
         plan = _plan(source, _batch([greedy, warm]), drafted=False, draft_survival=None, cost=None)
         assert plan.kinds.tolist() == [GREEDY, sampling_class(0.7, 1 << 30)]
-        source.observe(StepRecord(verify_lens=(1 + plan.lengths).tolist(), commit_lens=[1 + GAMMA, 1],
+        source.observe(_record(verify_lens=(1 + plan.lengths).tolist(), commit_lens=[1 + GAMMA, 1],
                                   confidence=None, seconds=0.2, drafted=False, lookup=plan))
     plan = _plan(source, _batch([greedy, warm]), drafted=False, draft_survival=None, cost=None)
     assert bool((plan.conditional[0] > 0.9).all()) and float(plan.conditional[1, 0]) < 0.1
@@ -300,9 +315,9 @@ def test_the_records_teach_the_gap_the_wait_costs():
     source = LookupSource(GAMMA, on_host=False)
     plain = dict(verify_lens=[1, 1], commit_lens=[1, 1], confidence=None, seconds=0.01, drafted=False)
     for _ in range(8):
-        source.observe(StepRecord(**plain, gap_seconds=0.004, overlap_given_up=True))
-        source.observe(StepRecord(**plain, gap_seconds=0.001))
-        source.observe(StepRecord(**plain, gap_seconds=None))  # not timed: not counted
+        source.observe(_record(**plain, gap_seconds=0.004, overlap_given_up=True))
+        source.observe(_record(**plain, gap_seconds=0.001))
+        source.observe(_record(**plain, gap_seconds=None))  # not timed: not counted
     assert source.overlap_gap.seconds(2) == pytest.approx(0.003)
     assert source.summary()["overlap_gap"][2] == {"ms": 3.0, "learned": True, "samples": [8, 8]}
 
@@ -312,7 +327,7 @@ def test_a_lookup_only_step_s_verify_lengths_reach_the_device_without_a_host_syn
     non-blocking (a pageable ``.to(device)`` is a copy plus a stream synchronize). ``meta`` stands in for the device."""
     pytest.importorskip("sglang")
     from sglang_dspark.engine.planner import AdmissionVerifyPlanner
-    from sglang_dspark.engine.step_plan import CurrentStep, StepPlan
+    from sglang_dspark.engine.current_step import CurrentStep
 
     copies = []
     real_to = torch.Tensor.to

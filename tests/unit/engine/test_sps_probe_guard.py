@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import types
 
+from sglang_dspark.engine.draft_source import DraftSource
+
 import pytest
 
 from sglang_dspark.engine import planner as planner_module
@@ -50,7 +52,7 @@ def engine(monkeypatch):
     monkeypatch.setattr(engine_measurer, "obtain_sps_table", obtain_sps_table)
     planner = AdmissionVerifyPlanner.__new__(AdmissionVerifyPlanner)
     planner.policy = AdmissionPolicy("async")
-    planner.draft_gate = object()
+    planner.draft = DraftSource(gate=object())
     planner._budget_planner = types.SimpleNamespace(policy=planner.policy, cost=None)
     planner.model_runner = types.SimpleNamespace(device="cuda:0")
     planner.gamma = 7
@@ -63,7 +65,7 @@ def test_dp_attention_skips_the_probes_with_one_log_line(engine, caplog):
         planner.install_sps_table()
     assert state["probed"] == []  # no hand-built forward under DP attention
     assert planner.policy.name == "verify-all" and planner._budget_planner.policy is planner.policy
-    assert planner.draft_gate is None
+    assert planner.draft.gate is None
     (line,) = [r.getMessage() for r in caplog.records]
     assert "SPS probes skipped" in line and "DP attention" in line and "--speculative-dspark-sps-table-path" in line
 

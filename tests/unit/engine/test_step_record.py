@@ -10,6 +10,7 @@ import types
 import pytest
 import torch
 
+from sglang_dspark.scheduling.step_plan import StepPlan
 from sglang_dspark.engine.step_record import StepRecorder
 
 
@@ -99,7 +100,7 @@ def test_the_gap_before_a_step_is_timed_between_consecutive_decode_steps_without
         recorder.start()
         clock["now"] = end
         records += recorder.finish(accept_lens=meta([0]), cap_lens=None, confidence=None, default_verify_len=8,
-                                   overlap_given_up=waited)
+                                   plan=StepPlan(overlap_given_up=waited))
         for event in clock["events"]:
             event.done = True
     recorder.start()
@@ -115,7 +116,7 @@ def test_cpu_gap_is_the_host_time_between_steps():
     for _ in range(2):
         recorder.start()
         (record,) = recorder.finish(accept_lens=torch.tensor([1]), cap_lens=None, confidence=None,
-                                    default_verify_len=3, overlap_given_up=True)
+                                    default_verify_len=3, plan=StepPlan(overlap_given_up=True))
         gaps.append(record.gap_seconds)
     assert gaps == [None, pytest.approx(0.25)] and record.overlap_given_up
 

@@ -147,13 +147,13 @@ def build_planner(scenario: str):
     if scenario == "before-the-fix":
         # The plugin before issue #38 item 2: the learned overhead off under TP (it was), but the survival prior still
         # attached to the budget planner and fed by every drafted step record.
-        planner._budget_planner.survival_prior = planner.survival_prior
+        planner._budget_planner.survival_prior = planner.draft.survival_prior
         observe = planner.observe_step
 
         def observe_step(record):
             observe(record)
             if record.confidence is not None and record.drafted:
-                planner.survival_prior.observe(record.confidence.cumprod(dim=1))
+                planner.draft.survival_prior.observe(record.confidence.cumprod(dim=1))
 
         planner.observe_step = observe_step
     return planner
@@ -319,7 +319,7 @@ def test_install_sps_table_applies_the_decision_with_one_log_line(tp_size, monke
     lines = [r.getMessage() for r in caplog.records if "online learning" in r.getMessage()]
     if tp_size == 1:
         assert planner.rank_learning.enabled and planner._learn_online and lines == []
-        assert planner._budget_planner.survival_prior is planner.survival_prior
+        assert planner._budget_planner.survival_prior is planner.draft.survival_prior
     else:
         assert not planner.rank_learning.enabled and not planner._learn_online
         assert planner._budget_planner.survival_prior is None

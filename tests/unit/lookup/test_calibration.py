@@ -9,7 +9,10 @@ import random
 import pytest
 import torch
 
-from sglang_dspark.lookup.calibration import GREEDY, SAMPLING_CLASSES, LookupCalibration, sampling_class
+from sglang_dspark.lookup.calibration import GREEDY, LookupCalibration, sampling_class
+from sglang_dspark.lookup.config import LookupConfig
+
+SAMPLING_CLASSES = LookupConfig().sampling_classes
 
 # True conditional acceptance per position: long matches are copied well, short ones poorly.
 TRUE = {2: [0.4, 0.3, 0.3, 0.2], 6: [0.95, 0.9, 0.9, 0.85]}
@@ -50,14 +53,14 @@ def test_calibration_error_is_small_when_learned_and_large_when_wrong():
     learned = LookupCalibration()
     _serve(learned)
     assert learned.ece() < 0.05
-    pinned = LookupCalibration(prior=(1e6, 1.0))
+    pinned = LookupCalibration(config=LookupConfig(acceptance_prior=(1e6, 1.0)))
     _serve(pinned)
     assert pinned.ece() > 0.2
     assert math.isnan(LookupCalibration().ece())
 
 
 def test_a_verify_says_accepted_then_one_rejected_then_nothing():
-    calibration = LookupCalibration(match_buckets=(2,))
+    calibration = LookupCalibration(config=LookupConfig(match_buckets=(2,)))
     calibration.observe(3, proposed=4, accepted=2)
     assert calibration.tried[GREEDY, 0].tolist()[:4] == [1.0, 1.0, 1.0, 0.0]
     assert calibration.accepted[GREEDY, 0].tolist()[:4] == [1.0, 1.0, 0.0, 0.0]
@@ -80,21 +83,22 @@ def test_the_optimistic_estimate_is_high_while_unsure_and_converges_to_the_mean(
         mean, optimistic = calibration.conditional(match_len, 4), calibration.optimistic(match_len, 4)
         assert bool((optimistic >= mean).all()) and float(optimistic[0] - mean[0]) < 0.015
         assert bool((optimistic - mean < 0.06).all())
-    assert torch.equal(LookupCalibration(optimism=0.0).optimistic(6, 5), LookupCalibration().conditional(6, 5))
-    assert LookupCalibration(prior=(1e6, 1.0)).optimistic(2, 2).max() <= 1.0
+    assert torch.equal(LookupCalibration(config=LookupConfig(optimism=0.0)).optimistic(6, 5),
+                       LookupCalibration().conditional(6, 5))
+    assert LookupCalibration(config=LookupConfig(acceptance_prior=(1e6, 1.0))).optimistic(2, 2).max() <= 1.0
     with pytest.raises(ValueError, match="optimism"):
-        LookupCalibration(optimism=-1.0)
+        LookupConfig(optimism=-1.0)
 
 
 def test_steps_plan_with_the_mean_and_one_in_explore_every_with_the_optimistic_estimate():
-    calibration = LookupCalibration(explore_every=4)
+    calibration = LookupCalibration(config=LookupConfig(explore_every=4))
     calibration.observe(6, proposed=3, accepted=1)
     assert [calibration.explores(step) for step in range(9)] == [True, False, False, False] * 2 + [True]
     assert torch.equal(calibration.planning(6, 3, explore=True), calibration.optimistic(6, 3))
     assert torch.equal(calibration.planning(6, 3, explore=False), calibration.conditional(6, 3))
     assert bool((calibration.optimistic(6, 3) > calibration.conditional(6, 3)).all())
     with pytest.raises(ValueError, match="explore_every"):
-        LookupCalibration(explore_every=0)
+        LookupConfig(explore_every=0)
 
 def test_sampling_classes_learn_apart():
     """Greedy rows accept every proposed token, rows sampled at T = 0.7 one in two: each class's estimate is its own
@@ -102,7 +106,7 @@ def test_sampling_classes_learn_apart():
     assert sampling_class(1.0, top_k=1) == GREEDY  # SGLang's form of temperature 0
     assert sampling_class(0.3, top_k=50) == 1 and sampling_class(0.7, top_k=-1) == 2
     assert sampling_class(1.5, top_k=-1) == SAMPLING_CLASSES - 1
-    calibration = LookupCalibration(match_buckets=(2,))
+    calibration = LookupCalibration(config=LookupConfig(match_buckets=(2,)))
     warm = sampling_class(0.7, top_k=-1)
     for step in range(200):
         calibration.observe(4, proposed=1, accepted=1, kind=GREEDY)

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from sglang_dspark.lookup.book import LookupBook
-from sglang_dspark.lookup.index import ContextIndex, IndexLimits, brute_force_proposal
+from sglang_dspark.lookup.config import IndexLimits, LookupConfig
+from sglang_dspark.lookup.index import ContextIndex, brute_force_proposal
 
 
 @pytest.mark.parametrize("min_ngram,max_ngram,window", [(1, 3, None), (2, 6, 12), (2, 6, 40), (1, 3, 7)])
@@ -69,7 +70,7 @@ def test_a_32k_prompt_is_indexed_over_several_calls_and_a_short_request_beside_i
     short_prompt = [rng.randrange(6) for _ in range(50)]
     long_out: list[int] = []
     short_out: list[int] = []
-    book = LookupBook(limits=limits)
+    book = LookupBook(LookupConfig(index_limits=limits))
     calls = 0
     for step in range(40):
         long_out.append(passage[step])  # the answer copies the passage
@@ -99,7 +100,7 @@ def test_the_book_indexes_only_the_window_of_a_long_prompt():
     tail that recurs only before the window is not proposed, one that recurs inside it is; the map holds the
     window's n-grams only."""
     limits = IndexLimits(tokens_per_call=300, window=1000)
-    book = LookupBook(limits=limits)
+    book = LookupBook(LookupConfig(index_limits=limits))
     prompt = [5, 6, 7] + list(range(100, 100 + 19_000)) + list(range(10, 10 + 997))  # 20 000 tokens
     answers = [int(book.propose([("a", prompt, [5, 6])], gamma=3).lengths[0]) for _ in range(5)]
     assert answers == [0, 0, 0, 0, 0] and book.index_for("a", prompt, [5, 6], budget=0).caught_up  # (5, 6): outside
@@ -113,7 +114,7 @@ def test_any_match_spends_one_budget_and_counts_a_lagging_request_as_no_match():
         def __init__(self, rid, prompt, output):
             self.rid, self.origin_input_ids, self.output_ids = rid, prompt, output
 
-    book = LookupBook(limits=IndexLimits(tokens_per_call=1000))
+    book = LookupBook(LookupConfig(index_limits=IndexLimits(tokens_per_call=1000)))
     prompt = list(range(5000)) + [1, 2]  # the tail (1, 2) recurs at the start
     req = Req("a", prompt, [])
     answers = []
@@ -125,7 +126,7 @@ def test_any_match_spends_one_budget_and_counts_a_lagging_request_as_no_match():
 
 def test_lagging_requests_are_served_fewest_pending_first_and_none_starves():
     limits = IndexLimits(tokens_per_call=100, keep_up_tokens=8, window=None)
-    book = LookupBook(limits=limits)
+    book = LookupBook(LookupConfig(index_limits=limits))
     prompts = {rid: list(range(size)) for rid, size in (("a", 1000), ("b", 300), ("c", 500))}
     outputs = {rid: [] for rid in prompts}
     caught_up_at = {}

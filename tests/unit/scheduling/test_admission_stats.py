@@ -9,6 +9,7 @@ import ast
 import importlib.util
 import json
 import math
+import re
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -274,32 +275,32 @@ def test_exporter_gauges_counters_and_policy(private_exporter):
     stats = AdmissionStats(clock=clock)
     stats.set_sps_summary({"created_at": 380.0})
     exporter.update(stats.summary())
-    assert math.isnan(sample(registry, "sglang_dspark:confidence_ece"))  # nothing measured yet
-    assert sample(registry, "sglang_dspark:admission_policy_info", policy="unset") == 1.0
-    assert sample(registry, "sglang_dspark:sps_table_age_seconds") == pytest.approx(120.0)
+    assert math.isnan(sample(registry, "sglang:dspark_confidence_ece"))  # nothing measured yet
+    assert sample(registry, "sglang:dspark_admission_policy_info", policy="unset") == 1.0
+    assert sample(registry, "sglang:dspark_sps_table_age_seconds") == pytest.approx(120.0)
 
     stats.set_policy("sps-greedy")
     record_example_step(stats)
     exporter.update(stats.summary())
-    assert sample(registry, "sglang_dspark:mean_admitted_draft_len") == pytest.approx(2.5)
-    assert sample(registry, "sglang_dspark:mean_accept_len") == pytest.approx(2.5)
-    assert sample(registry, "sglang_dspark:confidence_ece") == pytest.approx(0.33, abs=1e-6)
-    assert sample(registry, "sglang_dspark:admission_policy_info", policy="unset") == 0.0
-    assert sample(registry, "sglang_dspark:admission_policy_info", policy="sps-greedy") == 1.0
-    assert sample(registry, "sglang_dspark:admitted_draft_len_requests_total", draft_len="3") == 1.0
-    assert sample(registry, "sglang_dspark:admitted_draft_len_share", draft_len="2") == pytest.approx(0.5)
+    assert sample(registry, "sglang:dspark_mean_admitted_draft_length") == pytest.approx(2.5)
+    assert sample(registry, "sglang:dspark_mean_accept_length") == pytest.approx(2.5)
+    assert sample(registry, "sglang:dspark_confidence_ece") == pytest.approx(0.33, abs=1e-6)
+    assert sample(registry, "sglang:dspark_admission_policy_info", policy="unset") == 0.0
+    assert sample(registry, "sglang:dspark_admission_policy_info", policy="sps-greedy") == 1.0
+    assert sample(registry, "sglang:dspark_admitted_draft_length_requests_total", draft_len="3") == 1.0
+    assert sample(registry, "sglang:dspark_admitted_draft_length_share", draft_len="2") == pytest.approx(0.5)
 
     record_example_step(stats)
     record_example_step(stats)
     exporter.update(stats.summary())
     exporter.update(stats.summary())  # a refresh without new steps adds nothing
-    assert sample(registry, "sglang_dspark:admitted_draft_len_requests_total", draft_len="3") == 3.0
+    assert sample(registry, "sglang:dspark_admitted_draft_length_requests_total", draft_len="3") == 3.0
 
     stats.reset()
     stats.record_step(verify_lens=[2], accepted_drafts=[1], survival=None, step_seconds=None)
     exporter.update(stats.summary())  # counters keep counting after a reset
-    assert sample(registry, "sglang_dspark:admitted_draft_len_requests_total", draft_len="1") == 1.0
-    assert sample(registry, "sglang_dspark:admitted_draft_len_share", draft_len="3") == 0.0
+    assert sample(registry, "sglang:dspark_admitted_draft_length_requests_total", draft_len="1") == 1.0
+    assert sample(registry, "sglang:dspark_admitted_draft_length_share", draft_len="3") == 0.0
 
 
 def fake_reporter(*, enabled: bool, forward_ct: int = 0):
@@ -328,15 +329,15 @@ def test_metrics_hooks_create_only_when_enabled_and_refresh_on_log_ticks(monkeyp
     observability.attach_metrics_exporter(None, scheduler)
     reporter = scheduler.metrics_reporter
     assert getattr(reporter, observability.EXPORTER_ATTR) is exporter
-    assert math.isnan(sample(registry, "sglang_dspark:mean_accept_len"))
+    assert math.isnan(sample(registry, "sglang:dspark_mean_accept_length"))
 
     record_example_step(stats)
     reporter.forward_ct_decode = 39  # not a decode-log tick
     observability.export_at_decode_log_tick(None, reporter, True)
-    assert math.isnan(sample(registry, "sglang_dspark:mean_accept_len"))
+    assert math.isnan(sample(registry, "sglang:dspark_mean_accept_length"))
     reporter.forward_ct_decode = 40
     observability.export_at_decode_log_tick(None, reporter, True)
-    assert sample(registry, "sglang_dspark:mean_accept_len") == pytest.approx(2.5)
+    assert sample(registry, "sglang:dspark_mean_accept_length") == pytest.approx(2.5)
 
 
 LOOKUP_SUMMARY = {  # engine/lookup_source.LookupSource.summary()
@@ -346,36 +347,39 @@ LOOKUP_SUMMARY = {  # engine/lookup_source.LookupSource.summary()
     "lookup": {"proposals": 9, "rows": 6, "verified": 18, "accepted": 12, "accept_length": 3.0, "ece": 0.07},
     "draft": {"rows": 20, "verified": 60, "accepted": 20, "accept_length": 2.0},
     "plan_us_per_step": 41.5,
+    "overlap_given_up_steps": 1,
 }
 
 
-def test_exporter_lookup_gauges_per_step_kind_and_source(private_exporter):
+def test_exporter_lookup_counters_per_step_kind_and_source(private_exporter):
     exporter, registry = private_exporter
     stats = AdmissionStats()
     stats.set_lookup(lambda: LOOKUP_SUMMARY)
     exporter.update(stats.summary())
     for kind, count in LOOKUP_SUMMARY["steps"].items():
-        assert sample(registry, "sglang_dspark:lookup_steps", kind=kind) == count
+        assert sample(registry, "sglang:dspark_lookup_steps_total", kind=kind) == count
     for source in ("lookup", "draft"):
         counts = LOOKUP_SUMMARY[source]
-        assert sample(registry, "sglang_dspark:lookup_source_rows", source=source) == counts["rows"]
-        assert sample(registry, "sglang_dspark:lookup_source_verified_tokens", source=source) == counts["verified"]
-        assert sample(registry, "sglang_dspark:lookup_source_accepted_tokens", source=source) == counts["accepted"]
-        assert sample(registry, "sglang_dspark:lookup_source_accept_len", source=source) == counts["accept_length"]
-    assert sample(registry, "sglang_dspark:lookup_ece") == pytest.approx(0.07)
-    assert sample(registry, "sglang_dspark:lookup_plan_us_per_step") == pytest.approx(41.5)
+        assert sample(registry, "sglang:dspark_lookup_source_rows_total", source=source) == counts["rows"]
+        assert sample(registry, "sglang:dspark_lookup_source_verified_tokens_total", source=source) == counts["verified"]
+        assert sample(registry, "sglang:dspark_lookup_source_accepted_tokens_total", source=source) == counts["accepted"]
+        assert sample(registry, "sglang:dspark_lookup_source_accept_length", source=source) == counts["accept_length"]
+    assert sample(registry, "sglang:dspark_lookup_proposals_total") == 9
+    assert sample(registry, "sglang:dspark_lookup_ece") == pytest.approx(0.07)
+    assert sample(registry, "sglang:dspark_lookup_plan_seconds_per_step") == pytest.approx(41.5e-6)
 
     # Nothing measured yet (a fresh source): NaN, not a 0 that would read as a measurement.
     fresh = {**LOOKUP_SUMMARY, "lookup": {**LOOKUP_SUMMARY["lookup"], "accept_length": None, "ece": None},
              "plan_us_per_step": None}
     stats.set_lookup(lambda: fresh)
     exporter.update(stats.summary())
-    assert math.isnan(sample(registry, "sglang_dspark:lookup_ece"))
-    assert math.isnan(sample(registry, "sglang_dspark:lookup_plan_us_per_step"))
-    assert math.isnan(sample(registry, "sglang_dspark:lookup_source_accept_len", source="lookup"))
+    assert math.isnan(sample(registry, "sglang:dspark_lookup_ece"))
+    assert math.isnan(sample(registry, "sglang:dspark_lookup_plan_seconds_per_step"))
+    assert math.isnan(sample(registry, "sglang:dspark_lookup_source_accept_length", source="lookup"))
+    assert sample(registry, "sglang:dspark_lookup_source_rows_total", source="lookup") == 6  # the same totals: no delta
 
 
-def test_exporter_without_lookup_leaves_the_lookup_gauges_out(private_exporter):
+def test_exporter_without_lookup_leaves_the_lookup_series_out(private_exporter):
     exporter, registry = private_exporter
     stats = AdmissionStats()
     record_example_step(stats)
@@ -384,12 +388,148 @@ def test_exporter_without_lookup_leaves_the_lookup_gauges_out(private_exporter):
     exporter.update(summary)
     summary.pop("lookup")  # a summary from before the lookup existed
     exporter.update(summary)
-    assert sample(registry, "sglang_dspark:mean_accept_len") == pytest.approx(2.5)  # the rest is exported
-    assert sample(registry, "sglang_dspark:lookup_steps", kind="plain") is None
-    assert sample(registry, "sglang_dspark:lookup_source_rows", source="lookup") is None
-    assert sample(registry, "sglang_dspark:lookup_plan_us_per_step") is None
+    assert sample(registry, "sglang:dspark_mean_accept_length") == pytest.approx(2.5)  # the rest is exported
+    assert sample(registry, "sglang:dspark_lookup_steps_total", kind="plain") is None
+    assert sample(registry, "sglang:dspark_lookup_source_rows_total", source="lookup") is None
+    assert sample(registry, "sglang:dspark_lookup_plan_seconds_per_step") is None
     exporter.update({**summary, "lookup": {"steps": None, "lookup": None}})  # a partial section: no crash either
-    assert math.isnan(sample(registry, "sglang_dspark:lookup_source_rows", source="lookup"))
+    assert sample(registry, "sglang:dspark_lookup_source_rows_total", source="lookup") is None  # no total, no series
+    assert math.isnan(sample(registry, "sglang:dspark_lookup_source_accept_length", source="lookup"))
+
+
+# Every series the exporter writes, by kind: lifetime totals are counters, states are gauges.
+COUNTER_FAMILIES = {
+    "decode_steps", "timed_decode_steps", "decode_step_seconds", "admitted_draft_length_requests",
+    "accepted_draft_length_requests", "calibration_pairs", "calibration_predicted_survival",
+    "calibration_observed_survival", "draft_gate_decisions", "draft_gate_decision_reasons", "draft_gate_pauses",
+    "draft_gate_resumes", "lookup_steps", "lookup_proposals", "lookup_source_rows", "lookup_source_verified_tokens",
+    "lookup_source_accepted_tokens", "lookup_overlap_given_up_steps",
+}
+GAUGE_FAMILIES = {
+    "mean_admitted_draft_length", "mean_accept_length", "confidence_ece", "confidence_ece_window",
+    "mean_predicted_survival", "mean_observed_survival", "mean_step_seconds", "drafted_step_share",
+    "sps_table_age_seconds", "admitted_draft_length_share", "admission_policy_info", "draft_gate_paused",
+    "lookup_source_accept_length", "lookup_ece", "lookup_plan_seconds_per_step",
+}
+GATE_SUMMARY = {"mode": "auto", "decisions": 5, "drafted": 3, "skipped": 2, "paused": True, "pauses": 1, "resumes": 0,
+                "reasons": {"pays": 3, "learn-skip": 2}}
+
+
+def full_stats() -> AdmissionStats:
+    """Stats with every section filled: steps (one of them timed), SPS table, draft gate, lookup."""
+    stats = AdmissionStats(clock=FakeClock(500.0))
+    stats.set_sps_summary({"created_at": 380.0})
+    stats.set_draft_gate(lambda: GATE_SUMMARY)
+    stats.set_lookup(lambda: LOOKUP_SUMMARY)
+    record_example_step(stats)
+    return stats
+
+
+def test_every_series_is_named_sglang_dspark_and_totals_are_counters_ending_in_total_once(private_exporter):
+    from prometheus_client import generate_latest
+
+    exporter, registry = private_exporter
+    exporter.update(full_stats().summary())
+    families = {family.name: family for family in registry.collect()}
+    assert all(name.startswith("sglang:dspark_") for name in families), sorted(families)
+    kinds = {name.removeprefix("sglang:dspark_"): family.type for name, family in families.items()}
+    assert {name for name, kind in kinds.items() if kind == "counter"} == COUNTER_FAMILIES
+    assert {name for name, kind in kinds.items() if kind == "gauge"} == GAUGE_FAMILIES
+    text = generate_latest(registry).decode()
+    assert "_total_total" not in text
+    for name, family in families.items():
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                assert family.type == "gauge", line  # a counter's samples carry a suffix
+        if family.type == "counter":
+            assert not name.endswith("_total")  # prometheus_client's family name; the sample adds _total once
+            assert {s.name for s in family.samples} <= {name + "_total", name + "_created"}
+            assert f"\n{name}_total{{" in text, name
+
+
+def test_totals_advance_counters_by_their_deltas_across_exports(private_exporter, caplog):
+    exporter, registry = private_exporter
+    steps = {"plain": 3, "drafted": 10, "lookup": 4, "mixed": 2}
+    lookup = {**LOOKUP_SUMMARY, "steps": steps}
+    gate = dict(GATE_SUMMARY)
+    stats = AdmissionStats()
+    stats.set_lookup(lambda: lookup)
+    stats.set_draft_gate(lambda: gate)
+    record_example_step(stats)
+    exporter.update(stats.summary())
+    assert sample(registry, "sglang:dspark_decode_steps_total", drafted="true") == 1
+    assert sample(registry, "sglang:dspark_decode_steps_total", drafted="false") == 0
+    assert sample(registry, "sglang:dspark_lookup_steps_total", kind="drafted") == 10
+    assert sample(registry, "sglang:dspark_draft_gate_decisions_total", outcome="skipped") == 2
+
+    # Second export: the totals grew; each counter advances by the delta, to the new total.
+    record_example_step(stats)
+    stats.record_step(verify_lens=[1, 1], accepted_drafts=[0, 0], survival=None, step_seconds=0.002, drafted=False)
+    steps.update(drafted=15, lookup=5)
+    lookup["lookup"] = {**LOOKUP_SUMMARY["lookup"], "rows": 8, "verified": 25, "accepted": 16}
+    gate.update(decisions=7, drafted=4, skipped=3, reasons={"pays": 4, "learn-skip": 3})
+    exporter.update(stats.summary())
+    exporter.update(stats.summary())  # a refresh without anything new adds nothing
+    assert sample(registry, "sglang:dspark_decode_steps_total", drafted="true") == 2
+    assert sample(registry, "sglang:dspark_decode_steps_total", drafted="false") == 1
+    assert sample(registry, "sglang:dspark_timed_decode_steps_total", drafted="false") == 1
+    assert sample(registry, "sglang:dspark_decode_step_seconds_total", drafted="true") == pytest.approx(0.020)
+    assert sample(registry, "sglang:dspark_decode_step_seconds_total", drafted="false") == pytest.approx(0.002)
+    assert sample(registry, "sglang:dspark_lookup_steps_total", kind="drafted") == 15
+    assert sample(registry, "sglang:dspark_lookup_steps_total", kind="plain") == 3
+    assert sample(registry, "sglang:dspark_lookup_source_rows_total", source="lookup") == 8
+    assert sample(registry, "sglang:dspark_lookup_source_verified_tokens_total", source="lookup") == 25
+    assert sample(registry, "sglang:dspark_lookup_source_accepted_tokens_total", source="lookup") == 16
+    assert sample(registry, "sglang:dspark_draft_gate_decisions_total", outcome="drafted") == 4
+    assert sample(registry, "sglang:dspark_draft_gate_decision_reasons_total", reason="learn-skip") == 3
+    assert sample(registry, "sglang:dspark_calibration_pairs_total", bin="9") == 4  # 2 pairs at .95 per step
+    assert sample(registry, "sglang:dspark_mean_step_seconds") == pytest.approx(0.022 / 3)  # a state: a gauge
+
+    # A reset takes the totals back: that delta is skipped (logged once), later increases count again.
+    stats.reset()
+    steps.update(drafted=1)
+    with caplog.at_level("WARNING", logger=observability.__name__):
+        exporter.update(stats.summary())
+        steps.update(drafted=0)
+        exporter.update(stats.summary())
+    went_back = [r.getMessage() for r in caplog.records if "went back" in r.getMessage()]
+    for name in ("sglang:dspark_decode_steps_total", "sglang:dspark_lookup_steps_total"):  # once per counter
+        assert sum(f"behind {name}" in message for message in went_back) == 1, went_back
+    assert sample(registry, "sglang:dspark_decode_steps_total", drafted="true") == 2
+    assert sample(registry, "sglang:dspark_lookup_steps_total", kind="drafted") == 15
+    record_example_step(stats)
+    steps.update(drafted=4)
+    exporter.update(stats.summary())
+    assert sample(registry, "sglang:dspark_decode_steps_total", drafted="true") == 3
+    assert sample(registry, "sglang:dspark_lookup_steps_total", kind="drafted") == 19
+
+
+def test_multiprocess_mode_as_sglang_runs_it(monkeypatch, tmp_path):
+    """SGLang sets PROMETHEUS_MULTIPROC_DIR and /metrics merges the processes' files: counters sum, our gauges show
+    the latest value without a pid label (multiprocess_mode="mostrecent")."""
+    from prometheus_client import CollectorRegistry, generate_latest, values
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue())
+    exporter = observability.AdmissionMetricsExporter(labels={"model_name": "tiny", "tp_rank": 0},
+                                                      registry=CollectorRegistry())
+    stats = full_stats()
+    exporter.update(stats.summary())
+    record_example_step(stats)
+    exporter.update(stats.summary())
+
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged, path=str(tmp_path))
+    assert sample(merged, "sglang:dspark_decode_steps_total", drafted="true") == 2
+    assert sample(merged, "sglang:dspark_lookup_source_rows_total", source="draft") == 20
+    assert sample(merged, "sglang:dspark_mean_accept_length") == pytest.approx(2.5)
+    kinds = {family.name.removeprefix("sglang:dspark_"): family.type for family in merged.collect()}
+    assert {name for name, kind in kinds.items() if kind == "counter"} == COUNTER_FAMILIES
+    assert {name for name, kind in kinds.items() if kind == "gauge"} == GAUGE_FAMILIES
+    text = generate_latest(merged).decode()
+    assert "pid=" not in text and "_total_total" not in text and "_created" not in text
+    assert re.search(r'^sglang:dspark_decode_steps_total\{[^}]*drafted="true"[^}]*\} 2\.0$', text, flags=re.M), text
 
 
 # ---------------------------------------------------------------------------------------------- hook targets

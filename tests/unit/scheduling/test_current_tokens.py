@@ -2,11 +2,12 @@
 
 import pytest
 
+from sglang_dspark.lookup.config import LookupConfig
 from sglang_dspark.scheduling.current_tokens import CurrentTokensPolicy
 
 
 def test_gives_up_the_overlap_until_chains_go_unverified_then_one_batch_in_patience():
-    policy = CurrentTokensPolicy(patience=4)
+    policy = CurrentTokensPolicy(LookupConfig(overlap_patience=4))
     assert policy.wants(16)  # nothing known: current tokens, so the scheduler can weigh the chains
     for _ in range(3):
         policy.observe(16, verified_chains=False)
@@ -20,7 +21,7 @@ def test_gives_up_the_overlap_until_chains_go_unverified_then_one_batch_in_patie
 
 
 def test_the_wait_is_given_up_only_where_the_chains_save_more_than_it_costs():
-    policy = CurrentTokensPolicy(patience=4, saving_rate=0.5)
+    policy = CurrentTokensPolicy(LookupConfig(overlap_patience=4, saving_rate=0.5))
     assert policy.wants(8, gap_seconds=0.002)  # no saving known yet: the chains may pay
     policy.observe(8, verified_chains=True, saved_seconds=0.001)  # verified, but saved less than a 2 ms wait
     assert [policy.wants(8, gap_seconds=0.002) for _ in range(4)] == [False, False, False, True]
@@ -35,13 +36,13 @@ def test_the_wait_is_given_up_only_where_the_chains_save_more_than_it_costs():
 
 
 def test_an_unknown_saving_is_not_counted_as_zero():
-    policy = CurrentTokensPolicy(patience=4, saving_rate=0.5)
+    policy = CurrentTokensPolicy(LookupConfig(overlap_patience=4, saving_rate=0.5))
     policy.observe(8, verified_chains=True, saved_seconds=None)  # no step costs yet
     assert policy.summary()["chain_saving_ms"] == {} and policy.wants(8, gap_seconds=1.0)
 
 
 def test_bad_patience_is_refused():
     with pytest.raises(ValueError, match="patience"):
-        CurrentTokensPolicy(patience=0)
+        CurrentTokensPolicy(LookupConfig(overlap_patience=0))
     with pytest.raises(ValueError, match="saving_rate"):
-        CurrentTokensPolicy(saving_rate=0.0)
+        CurrentTokensPolicy(LookupConfig(saving_rate=0.0))

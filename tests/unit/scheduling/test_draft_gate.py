@@ -8,10 +8,13 @@ import pytest
 import torch
 
 from sglang_dspark import envs
+from sglang_dspark.engine.draft_source import DraftSource
+from sglang_dspark.scheduling.step_plan import StepPlan
 from sglang_dspark.engine.step_record import StepRecorder
 from sglang_dspark.scheduling.admission import capacity_from_survival
 from sglang_dspark.scheduling.acceptance import RealizedSeconds, RealizedTokens, SurvivalPrior, sanitize_survival
 from sglang_dspark.scheduling.draft_gate import (
+    GateDecision,
     GATE_MODES, ComebackGate, DraftGate, DraftGateConfig, FlatCost, make_draft_gate, should_draft,
 )
 from sglang_dspark.scheduling.stats import AdmissionStats
@@ -545,7 +548,7 @@ def test_skipped_steps_are_recorded_as_such():
     recorder = StepRecorder("cpu")
     recorder.start()
     (record,) = recorder.finish(accept_lens=torch.tensor([1, 1]), cap_lens=torch.tensor([1, 1]), confidence=None,
-                                default_verify_len=4, drafted=False)
+                                default_verify_len=4, plan=StepPlan(draft=False))
     assert record.drafted is False and record.verify_lens == [1, 1]
     stats = AdmissionStats()
     stats.record_step(verify_lens=[1, 1], accepted_drafts=[0, 0], survival=None, step_seconds=0.01, drafted=False)
@@ -778,17 +781,15 @@ def test_each_step_outcome_reaches_the_gate_with_the_choice_it_was_decided_with(
     recorder = StepRecorder("cpu", clock=iter([0.0, 0.040]).__next__)
     recorder.start()
     (record,) = recorder.finish(accept_lens=torch.tensor([2]), cap_lens=torch.tensor([4]), confidence=None,
-                                default_verify_len=4, drafted=True, gate_choice=choice)
+                                default_verify_len=4, plan=StepPlan(decision=GateDecision(True, "pays", choice)))
     assert record.gate_choice is choice and record.seconds == pytest.approx(0.040)
     planner = AdmissionVerifyPlanner.__new__(AdmissionVerifyPlanner)
     planner.step_costs = None
-    planner.draft_gate = DraftGate()
-    planner.draft_gate.draft_seconds.min_steps = 1
-    planner.survival_prior = SurvivalPrior()
-    planner._stats_error_logged = False
+    planner.draft = DraftSource(SurvivalPrior(), DraftGate())
+    planner.draft.gate.draft_seconds.min_steps = 1
     planner.observe_step(record)
     # Realized 2 tokens in 40 ms against a predicted 3.94 tokens in 20 ms.
-    gate = planner.draft_gate
+    gate = planner.draft.gate
     assert gate.realized_tokens.steps == 1 and gate.realized_tokens.line()[:2] == pytest.approx((3.94, 2.0), abs=0.01)
     assert 2.0 < gate.realized_tokens.expected(3.94) < 3.94 and gate.draft_seconds.factor == pytest.approx(2)
     assert gate.skip_seconds.steps == 0
@@ -886,16 +887,15 @@ def test_the_gate_trace_writes_what_the_gate_predicted_and_what_the_step_did(tmp
     recorder = StepRecorder("cpu", clock=iter([0.0, 0.040, 1.0, 1.012]).__next__)
     planner = AdmissionVerifyPlanner.__new__(AdmissionVerifyPlanner)
     planner.step_costs = None
-    planner.draft_gate = DraftGate()
-    planner.draft_gate.decide(lagged_survival=HIGH, cost_with_draft=FlatCost(0.02), seconds_without_draft=0.01,
+    planner.draft = DraftSource(SurvivalPrior(), DraftGate())
+    planner.draft.gate.decide(lagged_survival=HIGH, cost_with_draft=FlatCost(0.02), seconds_without_draft=0.01,
                               skip_samples=10, num_requests=1)
-    planner.survival_prior = SurvivalPrior()
-    planner._stats_error_logged = False
     planner.gate_trace = trace
     for drafted, accept in ((True, 2), (False, 1)):
         recorder.start()
         (record,) = recorder.finish(accept_lens=torch.tensor([accept]), cap_lens=torch.tensor([4 if drafted else 1]),
-                                    confidence=None, default_verify_len=4, drafted=drafted, gate_choice=choice)
+                                    confidence=None, default_verify_len=4,
+                                    plan=StepPlan(draft=drafted, decision=GateDecision(drafted, "test", choice)))
         planner.observe_step(record)
     first, second = (json.loads(line) for line in path.read_text().splitlines())
     assert first["R"] == 1 and first["drafted"] is True and first["committed"] == 2 and first["verify_tokens"] == 4
@@ -910,19 +910,17 @@ def test_the_gate_trace_writes_what_the_gate_predicted_and_what_the_step_did(tmp
     assert sum("gate trace" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_a_decision_the_planner_replaced_is_counted_as_what_the_step_did():
-    """The planner turns a "draft" into a step with lookup chains and no draft when the chains alone pay more: the
-    gate's counts then say "skipped" with the planner's reason, not "drafted"; only the last decision can be
-    replaced."""
+def test_a_decision_the_chooser_replaced_is_counted_as_what_the_step_did():
+    """The chooser turns the gate's "draft" into a step with lookup chains and no draft when the chains alone pay more
+    (scheduling/step_choice.py): the gate advises, the step's final decision is tallied, so the counts say "skipped"
+    with the chooser's reason, not "drafted"; the gate's own state keeps its advice."""
     from sglang_dspark.scheduling.draft_gate import GateDecision
 
     gate = make_draft_gate("off")
-    first = gate.decide()
-    second = gate.decide()
-    assert (gate.drafted, gate.skipped, gate.reasons) == (2, 0, {"off": 2})
+    gate.decide()
+    second = gate.advise()
+    assert (gate.decisions, gate.drafted, gate.skipped, gate.reasons) == (1, 1, 0, {"off": 1})  # advice counts nothing
     replaced = GateDecision(False, "lookup", second.choice)
-    gate.recount(second, replaced)
+    gate.tally(replaced)
     assert (gate.decisions, gate.drafted, gate.skipped) == (2, 1, 1)
     assert gate.reasons == {"off": 1, "lookup": 1} and gate.last is replaced
-    with pytest.raises(ValueError, match="last decision"):
-        gate.recount(first, replaced)

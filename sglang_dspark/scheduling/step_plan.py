@@ -1,21 +1,17 @@
-"""One decode step's plan: what the step does, decided once before it runs (the twin of ``step_record.py``, which
-carries what the step did back out).
+"""One decode step's plan: what the step does, decided once before it runs (the twin of ``engine/step_record.py``,
+which carries what the step did back out, the plan included). Values only (pure torch); the choice that makes a plan
+is ``step_choice.choose_step``.
 
-Call order of a decode step: ``prepare_verify_budget`` (overlap scheduling: the gate decides with the budget, on the
-host, before the step) → ``planner.plan_for`` (the decision taken, or made now on the synchronous path, and how a
-skipped step runs) → the proposer, the verify executor, the planner's verify-length hooks and the plain decode step
-read the plan → ``planner.observe_step(record)`` (the record carries the plan back).
-
-Nothing else decides per step: the plan is a frozen value. Upstream's call chain between the worker, its proposer, its
-verify executor and its planner carries no argument of ours, so they share one :class:`CurrentStep` that the worker
-sets for the duration of the step (:meth:`CurrentStep.running`) and that reads :data:`DRAFTED` otherwise.
+Call order of a decode step: the planner (``engine/planner.py``) gathers the step's facts and calls ``choose_step``
+once (in ``prepare_verify_budget`` under overlap scheduling, else in ``plan_for``) → ``engine/verify_budget.py`` writes
+the plan into SGLang's verify budget → the proposer, the verify executor and the plain decode step read the plan
+(``engine/current_step.py``) → the step record carries it back to each source's ``observe``.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Iterator, Optional
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
@@ -23,14 +19,16 @@ from sglang_dspark.scheduling.draft_gate import DraftChoice, GateDecision
 
 
 @dataclass(frozen=True)
-class LookupPlan:
-    """The rows that verify a prompt-lookup chain this step (sglang_dspark/lookup/), on the host, in batch order.
+class LookupChains:
+    """Prompt-lookup chains for a batch, on the host, in batch order: one step's proposals (what the lookup source
+    offers) and, once chosen, the rows that verify one (what the plan carries).
 
-    ``tokens [R, γ]``: the chains (fill past a row's ``lengths``, never verified); ``lengths [R]``: lookup tokens the
-    row may verify (0: not a lookup row; on a step without the draft, exactly what it verifies); ``match_lens [R]``:
-    tail tokens the lookup matched; ``conditional [R, γ]``: the acceptance estimates the choice read (a drafted step
-    ranks them with the draft's confidences); ``explored``: they were the optimistic ones of an exploring step
-    (``lookup/calibration.py``), not the mean; ``kinds [R]``: each row's sampling class there (None: all greedy)."""
+    ``tokens [R, γ]``: the chains (fill past a row's ``lengths``, never verified); ``lengths [R]``: chain tokens of
+    the row (0: none; in a plan, exactly what a step without the draft verifies); ``match_lens [R]``: tail tokens the
+    lookup matched; ``conditional [R, γ]``: acceptance estimates (``lookup/calibration.py``; in a plan, 0 past each
+    row's length; a drafted step ranks them with the draft's confidences); ``explored``: the optimistic estimates of
+    an exploring step, not the mean; ``kinds [R]``: each row's sampling class (None: all greedy). ``total``: Σ lengths,
+    the chain tokens a step verifies, summed once."""
 
     tokens: torch.Tensor
     lengths: torch.Tensor
@@ -38,6 +36,10 @@ class LookupPlan:
     conditional: torch.Tensor
     explored: bool = False
     kinds: Optional[torch.Tensor] = None
+    total: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", int(self.lengths.sum()))
 
     @property
     def rows(self) -> torch.Tensor:
@@ -59,7 +61,7 @@ class StepPlan:
     compact_anchor: bool = False
     plain_decode: bool = False
     decision: Optional[GateDecision] = None
-    lookup: Optional[LookupPlan] = None
+    lookup: Optional[LookupChains] = None
     overlap_given_up: bool = False
 
     def __post_init__(self) -> None:
@@ -72,7 +74,7 @@ class StepPlan:
 
     @classmethod
     def decided(cls, decision: Optional[GateDecision], *, compact_ok: bool, plain_ok: bool,
-                lookup: Optional[LookupPlan] = None, overlap_given_up: bool = False) -> "StepPlan":
+                lookup: Optional[LookupChains] = None, overlap_given_up: bool = False) -> "StepPlan":
         """The plan of a step the gate decided (``compact_ok`` / ``plain_ok``: the batch qualifies for those paths;
         ``lookup``: its lookup rows, if any; a drafted decision whose every row takes the lookup runs no draft)."""
         if lookup is not None and not bool(lookup.rows.any()):
@@ -85,6 +87,12 @@ class StepPlan:
             return cls(decision=decision, overlap_given_up=overlap_given_up)
         return cls(draft=False, compact_anchor=compact_ok, plain_decode=compact_ok and plain_ok, decision=decision,
                    overlap_given_up=overlap_given_up)
+
+    def with_anchor_paths(self, *, compact_ok: bool, plain_ok: bool) -> "StepPlan":
+        """This plan, with how a step that verifies the anchors only runs on this batch (``compact_ok`` /
+        ``plain_ok``, known when the step launches; :meth:`decided`)."""
+        return StepPlan.decided(self.decision, compact_ok=compact_ok, plain_ok=plain_ok, lookup=self.lookup,
+                                overlap_given_up=self.overlap_given_up) if self.decision is not None else self
 
     @property
     def kind(self) -> str:
@@ -102,18 +110,4 @@ class StepPlan:
 DRAFTED = StepPlan()  # every step without a gate, prefill steps, and between steps
 
 
-class CurrentStep:
-    """The plan of the decode step being run, shared by the worker's parts (module docstring)."""
-
-    plan: StepPlan = DRAFTED
-
-    @contextmanager
-    def running(self, plan: StepPlan) -> Iterator[StepPlan]:
-        self.plan = plan
-        try:
-            yield plan
-        finally:
-            self.plan = DRAFTED
-
-
-__all__ = ["DRAFTED", "CurrentStep", "LookupPlan", "StepPlan"]
+__all__ = ["DRAFTED", "LookupChains", "StepPlan"]

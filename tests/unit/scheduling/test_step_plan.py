@@ -1,4 +1,4 @@
-"""One decode step, one plan (engine/step_plan.py): a frozen value, built once from the gate's decision, shared by
+"""One decode step, one plan (scheduling/step_plan.py): a frozen value, built once from the gate's decision, shared by
 the worker's parts for exactly the step it was made for."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from sglang_dspark.engine.step_plan import DRAFTED, CurrentStep, StepPlan
+from sglang_dspark.engine.current_step import CurrentStep
+from sglang_dspark.scheduling.step_plan import DRAFTED, StepPlan
 from sglang_dspark.scheduling.draft_gate import DraftChoice, GateDecision
 
 CHOICE = DraftChoice(draft=False, capacity=2, theta_draft=50.0, theta_skip=80.0, seconds_draft=0.03, seconds_skip=0.01)
@@ -53,11 +54,11 @@ def test_the_current_step_reads_drafted_outside_a_step_even_after_a_failure():
 def _lookup(lengths):
     import torch
 
-    from sglang_dspark.engine.step_plan import LookupPlan
+    from sglang_dspark.scheduling.step_plan import LookupChains
 
     lengths = torch.tensor(lengths)
     rows = len(lengths)
-    return LookupPlan(tokens=torch.zeros(rows, 4, dtype=torch.long), lengths=lengths,
+    return LookupChains(tokens=torch.zeros(rows, 4, dtype=torch.long), lengths=lengths,
                       match_lens=torch.full((rows,), 3), conditional=torch.zeros(rows, 4))
 
 

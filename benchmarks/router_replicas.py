@@ -12,15 +12,17 @@ load test cannot see through a router: per configuration, the lookup's and the d
 its replicas' ``/server_info`` (lifetime counters read before and after the sweep), and how many requests each
 replica served (the router's own per-worker count). Everything is stopped by PID at the end.
 
-On one machine every replica shares the same cores: two replicas cannot run faster than one server here, so what
-this measures is routing's effect on the lookup (does cache-aware routing keep a passage's requests on one replica)
-and the router's own overhead, not scale-out.
+On one machine the replicas split the cores (replica i bound to core i, one OpenMP thread each; the single server
+uses them all): two replicas cannot run faster than one server here, so what this measures is routing's effect on
+the lookup (does cache-aware routing keep a passage's requests on one replica) and the cost of splitting one
+machine's cores, not scale-out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -55,6 +57,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dataset", default="grounded")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-total-tokens", type=int, default=16384)
+    parser.add_argument("--health-interval", type=int, default=60,
+                        help="the router's health probe interval, s (default: the router's own, 60; SGLang's /health "
+                             "runs a one-token generation, so a short interval keeps every replica busy)")
     parser.add_argument("--output-dir")
     args = parser.parse_args(argv)
     from sglang_dspark.embedded.defaults import ensure_default_pair
@@ -69,8 +74,12 @@ def main(argv=None) -> int:
         for label, policy in CONFIGS:
             count = 1 if policy is None else 2
             group = []
-            for _ in range(count):
-                server = start_server(target, server_args, max_total_tokens=args.max_total_tokens,
+            for index in range(count):
+                # A replica gets its share of the cores (one each here), as compose's OMP_NUM_THREADS does: replicas
+                # whose OpenMP threads oversubscribe the cores spin against each other.
+                env = {} if policy is None else {"SGLANG_CPU_OMP_THREADS_BIND": str(index % os.cpu_count()),
+                                                 "OMP_NUM_THREADS": "1"}
+                server = start_server(target, server_args, env=env, max_total_tokens=args.max_total_tokens,
                                       log_dir=output / "logs", timeout=600)
                 servers.append(server)
                 group.append(server.url)
@@ -78,13 +87,13 @@ def main(argv=None) -> int:
             if policy is None:
                 urls.append(group[0])
             else:
-                router = start_router(group, policy, log_dir=output / "logs")
+                router = start_router(group, policy, health_check_interval=args.health_interval, log_dir=output / "logs")
                 routers.append((label, router))
                 urls.append(router.url)
             print(f"[router-run] {label}: {urls[-1]} -> {group}", file=sys.stderr)
         before = {url: _admission(url) for group in replicas_of.values() for url in group}
         runner.main(["--url", *urls, "--label", *(label for label, _ in CONFIGS),
-                     "--dataset", args.dataset, "--seed", str(args.seed),
+                     "--dataset", args.dataset, "--seed", str(args.seed), "--tokenizer", str(target),
                      "--concurrency", *map(str, args.concurrency), "--max-tokens", str(args.max_tokens),
                      "--temperature", "0", "--output-dir", str(output)])
         summary = {}

@@ -427,12 +427,11 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         if self.gate_trace is not None:
             self.gate_trace.write_step(record, self.draft.gate, self.lookup, getattr(self, "sps_table", None),
                                        costs.undrafted if costs is not None else None)
-        survival = record.confidence.cumprod(dim=1) if record.confidence is not None else None
         if self._learn_online and costs is not None and costs.observe(record):
             get_admission_stats().set_sps_summary(costs.table_summary())
-        self.draft.observe(record, survival)
-        self.lookup.observe(record)
-        get_admission_stats().observe(record, survival)
+        for source in (self.draft, self.lookup):  # each proposal source learns from the step once
+            source.observe(record)
+        get_admission_stats().observe(record)
 
     def schedule_layout(self, **kwargs):
         layout = super().schedule_layout(**kwargs)

@@ -162,6 +162,44 @@ class _WordTokenizer:
         return text.split()
 
 
+OVERLAP_N = 4
+
+
+def _units(text: str, tokenizer=None) -> list:
+    """``text`` as the tokenizer's token ids, or as whitespace-split words without a tokenizer (or if it fails)."""
+    if tokenizer is not None:
+        try:
+            return list(tokenizer.encode(text, add_special_tokens=False))
+        except Exception:  # noqa: BLE001 - words are the fallback
+            pass
+    return text.split()
+
+
+def output_overlap(prompt: str, output: str, tokenizer=None, n: int = OVERLAP_N) -> float | None:
+    """The share of ``output``'s tokens (whitespace words without a tokenizer) that lie inside an ``n``-gram that
+    also appears in ``prompt``: 1.0 for an answer copied from the prompt, about 0 for one that shares no run of
+    ``n`` tokens with it. None for an empty output."""
+    out = _units(output, tokenizer)
+    if not out:
+        return None
+    source = _units(prompt, tokenizer)
+    grams = {tuple(source[i : i + n]) for i in range(len(source) - n + 1)}
+    covered = [False] * len(out)
+    for i in range(len(out) - n + 1):
+        if tuple(out[i : i + n]) in grams:
+            covered[i : i + n] = [True] * n
+    return sum(covered) / len(out)
+
+
+def mean_output_overlap(prompts: Sequence[str], outputs: Sequence, tokenizer=None, n: int = OVERLAP_N) -> float | None:
+    """:func:`output_overlap` averaged over the completed requests with an output (prompt ``i`` is output ``i``'s);
+    None when there is none."""
+    shares = [output_overlap(prompt, o.generated_text or "", tokenizer, n)
+              for prompt, o in zip(prompts, outputs) if o.success]
+    shares = [share for share in shares if share is not None]
+    return sum(shares) / len(shares) if shares else None
+
+
 def _percentiles(values: list[float], scale: float = 1.0) -> dict | None:
     if not values:
         return None
@@ -421,6 +459,7 @@ class LevelRun:
         self.round_tok_s: list[float] = []
         self.round_durations: list[float] = []
         self.output_rounds: list[int] = []  # the round (0-based) each output was sent in
+        self.prompts: list[str] = []  # the prompt of each output
 
     def run_round(self, prompts: Sequence[str], *, concurrency: int | None, max_tokens: int | Sequence[int],
                   request_rate: float = math.inf, temperature: float = 0.0, model: str = "default",
@@ -435,6 +474,7 @@ class LevelRun:
             )
         )
         self.output_rounds.extend([len(self.round_durations)] * len(outputs))
+        self.prompts.extend(prompts)
         self.outputs.extend(outputs)
         self.duration += duration
         self.round_durations.append(duration)

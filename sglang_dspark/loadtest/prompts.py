@@ -1,5 +1,6 @@
 """Prompts of the load test: a built-in chat set, the built-in grounded set (``grounded_prompts``: a passage and a
-task that copies from it), a JSONL file or a ShareGPT file, split so that no prompt is ever sent at two load levels.
+task that copies from it), the code-edit set (``code_edit_prompts``: real standard-library code and an edit task),
+a JSONL file or a ShareGPT file, split so that no prompt is ever sent at two load levels.
 
 Every level of a sweep gets its own slice of the prompt pool: a prompt seen at concurrency 4 is never sent again at
 concurrency 16, so the radix (prefix) cache and NGRAM's n-gram cache never see a repeated prompt and cannot flatter
@@ -13,6 +14,7 @@ import json
 import random
 from pathlib import Path
 
+from .code_edit_prompts import code_edit_prompts  # noqa: F401  (re-exported: the third built-in set)
 from .grounded_prompts import grounded_prompts  # noqa: F401  (re-exported: the second built-in set)
 
 # 120 subjects x 16 tasks = 1920 distinct chat prompts (the default sweep 1..64 with 4 prompts per slot needs 512).

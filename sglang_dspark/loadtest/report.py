@@ -189,23 +189,26 @@ def markdown_table(result: dict) -> str:
     average over the level, as a share of its concurrency) and "e2e per-user ×" (a request's tokens over its whole
     latency, queueing and prefill included). Requests that finish out of step leave clients idle at the end of each
     round (fewer in flight) where requests that all take the same steps finish together; per-user tok/s counts decode
-    time only, so it moves with where the prefills land (all before the decode when requests arrive together)."""
+    time only, so it moves with where the prefills land (all before the decode when requests arrive together).
+
+    "copied from prompt": with a dataset whose prompts carry a passage (grounded, code-edit), the mean share of each
+    answer's tokens inside a 4-gram of its prompt (``output_overlap``, engine.output_overlap); "–" elsewhere."""
     baseline = result.get("baseline") or "first row"
     lines = [
         f"| configuration | load | output tok/s | × {baseline} | in flight | per-user tok/s | × {baseline} | "
         f"e2e per-user × {baseline} | TTFT p50 ms | "
-        "TPOT p50 ms | ITL p99 ms | accept length | drafted steps | drafted step ms | plain step ms | "
-        f"same text as {baseline} | errors / timeouts |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "TPOT p50 ms | ITL p99 ms | accept length | copied from prompt | drafted steps | drafted step ms | "
+        f"plain step ms | same text as {baseline} | errors / timeouts |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for config in result.get("configs", []):
         if config.get("error") and not config.get("levels"):
-            lines.append(f"| {config['label']} | – | failed: {config['error'].splitlines()[0][:80]} |" + " |" * 14)
+            lines.append(f"| {config['label']} | – | failed: {config['error'].splitlines()[0][:80]} |" + " |" * 15)
             continue
         for level in config.get("levels", []):
             lines.append(
                 "| {label} | {load} | {tps} | {tpsr} | {busy} | {pu} | {pur} | {e2er} | {ttft} | {tpot} | {itl} | {acc} | "
-                "{drafted} | "
+                "{copied} | {drafted} | "
                 "{dstep} | {pstep} | {same} | {err} / {to} |".format(
                     label=config["label"], load=level_key(level), tps=_fmt(level.get("output_tok_s")),
                     tpsr=ratio_cell(level), pu=_fmt(level.get("per_user_tok_s")),
@@ -214,6 +217,7 @@ def markdown_table(result: dict) -> str:
                     ttft=_fmt((level.get("ttft_ms") or {}).get("p50"), 0),
                     tpot=_fmt((level.get("tpot_ms") or {}).get("p50"), 0),
                     itl=_fmt((level.get("itl_ms") or {}).get("p99"), 0), acc=_fmt(level.get("accept_length"), 2),
+                    copied=copied_cell(level),
                     drafted=_fmt((level.get("admission") or {}).get("drafted_step_share"), 2),
                     dstep=_fmt((level.get("admission") or {}).get("drafted_step_ms"), 0),
                     pstep=_fmt(plain_step_ms(level), 0),
@@ -222,6 +226,12 @@ def markdown_table(result: dict) -> str:
                 )
             )
     return "\n".join(lines)
+
+
+def copied_cell(level: dict) -> str:
+    """The level's mean share of output tokens copied from the prompt (``output_overlap``), "–" without one."""
+    share = level.get("output_overlap")
+    return "–" if share is None else f"{100.0 * share:.0f} %"
 
 
 def in_flight_cell(level: dict) -> str:

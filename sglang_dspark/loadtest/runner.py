@@ -23,6 +23,8 @@ Examples::
     python -m sglang_dspark.loadtest --url http://127.0.0.1:30000 --request-rate 0.5 1 2
     python -m sglang_dspark.loadtest --configs no-spec dspark --dataset sharegpt.json
     python -m sglang_dspark.loadtest --configs no-spec ngram dspark --dataset grounded   # answers that copy
+    python -m sglang_dspark.loadtest --configs no-spec no-spec-control ngram dspark --dataset code-edit \\
+        --max-tokens 256 --concurrency 1 4 --max-total-tokens 32768                     # real code, edited
     python -m sglang_dspark.loadtest --configs no-spec no-spec-control dspark --slo ttft=2s,tpot=100ms --find-max-load
 
 Every level gets fresh prompts (never a prompt sent at an earlier level); every configuration gets the same
@@ -30,7 +32,8 @@ prompts per level. Writes ``loadtest.json`` and ``frontier.png`` into ``--output
 with ratios against the first configuration, each with its 95 % interval from the level's rounds (bootstrap over
 paired rounds; ▲ / ▼ where it excludes 1.0; ``--repeats`` for more rounds), then, where a DSPARK server runs
 prompt lookup beside the draft, a table per proposal source (step kinds, each source's accept length, the lookup's
-planning cost).
+planning cost). With a dataset whose prompts carry a passage (``grounded``, ``code-edit``) the table also gives the
+share of each answer that copies the prompt (``output_overlap``: output tokens inside a 4-gram of the prompt).
 
 Capacity (``slo``): ``--slo ttft=2s,tpot=100ms`` adds per level and configuration the share of requests that met
 every bound and the goodput (requests and output tokens per second of those requests), ``goodput.png``, and "users
@@ -66,6 +69,8 @@ MAX_PROMPTS_PER_LEVEL = 4096
 CONFIG_NAMES = ("no-spec", "no-spec-control", "dspark", "dspark-baseline-draft", "dspark-verify-all", "dspark-gate-off",
                 "dspark-no-lookup", "dspark-upstream", "ngram")
 DEFAULT_CONFIGS = ("no-spec", "dspark", "dspark-verify-all", "dspark-upstream", "ngram")
+# The built-in sets whose prompts carry a passage the answer copies from: their levels get ``output_overlap``.
+PASSAGE_DATASETS = ("grounded", "code-edit")
 
 
 class LoadTestError(RuntimeError):
@@ -281,6 +286,10 @@ def _run_round(target: SweepTarget, run: "engine.LevelRun", level: dict, prompts
 
 def _finish_level(target: SweepTarget, run: "engine.LevelRun", level: dict, prompts: list[str], args) -> None:
     metrics = run.result(target.tokenizer)
+    if args.dataset in PASSAGE_DATASETS:  # how much of each answer copies its prompt (engine.output_overlap)
+        metrics["output_overlap"] = engine.mean_output_overlap(getattr(run, "prompts", []), run.outputs,
+                                                               target.tokenizer)
+        metrics["output_overlap_unit"] = "token" if target.tokenizer is not None else "word"
     recorded = {**level, "prompts": len(prompts), **metrics}
     if args.slo_spec is not None:  # what the max-load search decides on (report.add_slo recomputes it at the end)
         recorded["slo"] = slo.level_goodput(slo.records_from_columns(metrics.get("request_timings")),
@@ -290,6 +299,8 @@ def _finish_level(target: SweepTarget, run: "engine.LevelRun", level: dict, prom
         cells = report.source_cells(metrics)
         sources = f" (lookup τ {cells['lookup_tau']}, draft τ {cells['draft_tau']})" if metrics.get("sources") else ""
         met = f", SLO met {100 * recorded['slo']['attainment']:.0f} %" if "slo" in recorded else ""
+        if recorded.get("output_overlap") is not None:
+            met += f", copied {100 * recorded['output_overlap']:.0f} %"
         print(
             f"  {target.label} {report.level_key(level)}: {metrics.get('output_tok_s') or 0:.1f} tok/s, per-user "
             f"{metrics.get('per_user_tok_s') or 0:.1f} tok/s, accept "
@@ -479,6 +490,8 @@ def prompt_pool(args) -> list[str]:
         return prompt_sets.builtin_prompts(args.seed)
     if args.dataset == "grounded":
         return prompt_sets.grounded_prompts(args.seed)
+    if args.dataset == "code-edit":
+        return prompt_sets.code_edit_prompts(args.seed)
     try:
         pool = prompt_sets.load_prompts(args.dataset, args.dataset_format)
     except (OSError, ValueError) as exc:
@@ -532,6 +545,9 @@ def run(args, argv: list[str]) -> dict:
             "temperature": args.temperature,
             "ignore_eos": True,
             "dataset": args.dataset or "builtin",
+            "output_overlap": ({"n": engine.OVERLAP_N, "definition": "per request, the share of output tokens (words "
+                               "without a tokenizer) inside an n-gram that also appears in the prompt; per level, "
+                               "the mean over completed requests"} if args.dataset in PASSAGE_DATASETS else None),
             "seed": args.seed,
             "request_timeout_s": args.request_timeout,
             "level_timeout_s": args.level_timeout,
@@ -804,14 +820,18 @@ def build_parser() -> argparse.ArgumentParser:
                       help="requests per level (default 4 x concurrency, at least 8; 32 per rate level)")
     load.add_argument("--rounds", type=int, help="split each level into this many rounds that take turns across "
                       "the servers (default: rounds of at least two waves of the level's concurrency, at most 4)")
-    load.add_argument("--max-tokens", type=int, default=128, help="tokens generated per request (EOS ignored)")
+    load.add_argument("--max-tokens", type=int, default=128, help="tokens generated per request (EOS ignored; "
+                      "default 128; 256 recommended with --dataset code-edit, whose answers re-emit 40-150 lines)")
     load.add_argument("--random-range-ratio", type=float, default=1.0,
                       help="each request generates a length uniform in [ratio x --max-tokens, --max-tokens], fixed "
                       "per prompt (as sglang.bench_serving's option; default 1: every request the same length)")
     load.add_argument("--temperature", type=float, nargs="+", default=[0.0],
                       help="sampling temperature(s); several: every level runs at each, with fresh prompts")
     load.add_argument("--dataset", default="builtin", help="builtin (the chat set, default; alias chat), grounded "
-                      "(a passage and a task that copies from it), a JSONL file or a ShareGPT JSON file")
+                      "(a passage and a task that copies from it), code-edit (a function, class or method of "
+                      "Python's standard library, read here at run time, with an edit task whose answer re-emits it: "
+                      "rename, type hints, docstrings, a loop rewritten, reformat; use --max-tokens 256), a JSONL "
+                      "file or a ShareGPT JSON file")
     load.add_argument("--dataset-format", choices=["auto", "jsonl", "sharegpt"], default="auto")
     load.add_argument("--shuffle", action="store_true", help="shuffle a --dataset file (seeded)")
     load.add_argument("--seed", type=int, default=0)

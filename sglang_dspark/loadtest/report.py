@@ -64,8 +64,9 @@ def _round_count(level: dict) -> int:
 
 def level_intervals(level: dict, ref: dict, seed: int = 0) -> dict:
     """The interval of each ratio of ``level`` to the baseline's level ``ref`` (``slo.bootstrap_ratio_interval``):
-    output tok/s from each round's tok/s; per-user and end-to-end per-user tok/s from each round's median over its
-    requests (runs that kept ``request_timings``). None where the two have fewer than two paired rounds."""
+    output tok/s from each round's tok/s; per-user and end-to-end per-user tok/s, the median over the level's
+    requests, from the rounds' requests pooled (``slo.bootstrap_pooled_ratio_interval``; runs that kept
+    ``request_timings``). None where the two have fewer than two paired rounds."""
     intervals = {"output_tok_s_ratio": slo_maths.bootstrap_ratio_interval(
         level.get("round_output_tok_s") or [], ref.get("round_output_tok_s") or [], seed=seed)}
     rounds = _round_count(level)
@@ -75,8 +76,9 @@ def level_intervals(level: dict, ref: dict, seed: int = 0) -> dict:
                         ("per_user_e2e_tok_s_ratio", slo_maths.e2e_speed)):
         interval = None
         if mine and theirs and rounds >= 2 and rounds == _round_count(ref):
-            interval = slo_maths.bootstrap_ratio_interval(slo_maths.per_round_median(mine, rounds, speed),
-                                                          slo_maths.per_round_median(theirs, rounds, speed), seed=seed)
+            interval = slo_maths.bootstrap_pooled_ratio_interval(slo_maths.per_round_values(mine, rounds, speed),
+                                                                 slo_maths.per_round_values(theirs, rounds, speed),
+                                                                 seed=seed)
         intervals[name] = interval
     return {name: list(value) if value else None for name, value in intervals.items()}
 

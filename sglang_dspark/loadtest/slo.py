@@ -13,7 +13,9 @@ decisions (which load passed, which to try next).
 * **Interval** (:func:`bootstrap_ratio_interval`): a configuration's ratio to the baseline from the paired rounds of a
   level (round i of both ran back to back on the same prompts): rounds resampled in pairs with replacement, seeded;
   the statistic is the mean of the configuration's round values over the mean of the baseline's; the percentile
-  interval. A difference is **resolved** (:func:`resolved`) only when the interval excludes 1.0.
+  interval. Per-user speeds, printed as the median over all the level's requests, get the interval of that same
+  statistic (:func:`bootstrap_pooled_ratio_interval`: the drawn rounds' requests pooled). A difference is
+  **resolved** (:func:`resolved`) only when the interval excludes 1.0.
 * **Max-load search** (:func:`max_passing_load`, :func:`next_probe`): the highest load whose level passes with every
   lower tested load passing too, the lowest that failed, and the load to try between them.
 """
@@ -214,16 +216,6 @@ def round_goodput_tok_s(records: Sequence[RequestRecord], round_durations_s: Seq
             for i, d in enumerate(round_durations_s)]
 
 
-def per_round_median(records: Sequence[RequestRecord], rounds: int, speed) -> list[float | None]:
-    """Each round's median over its completed requests of ``speed(record)`` (None values skipped; None for a round
-    with none)."""
-    values = []
-    for index in range(rounds):
-        speeds = [s for r in records if r.round == index and r.ok for s in [speed(r)] if s is not None]
-        values.append(statistics.median(speeds) if speeds else None)
-    return values
-
-
 def decode_speed(record: RequestRecord) -> float | None:
     """The decode tokens per second a user sees: 1 / TPOT."""
     return 1000.0 / record.tpot_ms if record.tpot_ms else None
@@ -260,6 +252,40 @@ def bootstrap_ratio_interval(mine: Sequence[float | None], base: Sequence[float 
     tail = (1 - confidence) / 2
     low, high = np.quantile(ratios, [tail, 1 - tail])
     return float(low), float(high)
+
+
+def bootstrap_pooled_ratio_interval(mine: Sequence[Sequence[float]], base: Sequence[Sequence[float]], *,
+                                    confidence: float = INTERVAL_CONFIDENCE, resamples: int = INTERVAL_RESAMPLES,
+                                    seed: int = 0) -> tuple[float, float] | None:
+    """The ``confidence`` interval of ``median(mine) / median(base)`` where each side pools its requests' values over
+    the level's rounds (``mine[i]``: round i's values; round i of both ran back to back): the statistic the table
+    prints, so its interval is of that same number. Each of ``resamples`` draws takes the round indices with
+    replacement (seeded), pools the drawn rounds of each side (a round drawn twice counts twice) and takes the ratio
+    of medians; the draws' central percentiles. None unless two or more rounds have values on both sides."""
+    import numpy as np
+
+    if len(mine) != len(base):
+        return None
+    pairs = [(np.asarray(a, dtype=float), np.asarray(b, dtype=float)) for a, b in zip(mine, base) if len(a) and len(b)]
+    if len(pairs) < 2:
+        return None
+    draws = np.random.default_rng(seed).integers(0, len(pairs), size=(resamples, len(pairs)))
+    ratios = []
+    for draw in draws:
+        denominator = float(np.median(np.concatenate([pairs[i][1] for i in draw])))
+        if denominator > 0:
+            ratios.append(float(np.median(np.concatenate([pairs[i][0] for i in draw]))) / denominator)
+    if not ratios:
+        return None
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(ratios, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def per_round_values(records: Sequence[RequestRecord], rounds: int, speed) -> list[list[float]]:
+    """Each round's ``speed(record)`` over its completed requests (None values skipped)."""
+    return [[s for r in records if r.round == index and r.ok for s in [speed(r)] if s is not None]
+            for index in range(rounds)]
 
 
 def resolved(interval: Sequence[float] | None) -> int:

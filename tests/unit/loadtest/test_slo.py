@@ -93,8 +93,7 @@ def test_round_goodput_and_round_medians():
     records = [R(True, 10.0, 50.0, 1000.0, 20, 0), R(True, 10.0, 200.0, 4000.0, 20, 0),
                R(True, 10.0, 25.0, 500.0, 20, 1), R(False, round=1)]
     assert slo.round_goodput_tok_s(records, [2.0, 4.0], spec) == pytest.approx([20 / 2.0, 20 / 4.0])
-    assert slo.per_round_median(records, 3, slo.decode_speed) == pytest.approx([statistics.median([20.0, 5.0]),
-                                                                                 40.0, None])
+    assert slo.per_round_values(records, 3, slo.decode_speed) == [pytest.approx([20.0, 5.0]), [40.0], []]
     assert slo.e2e_speed(records[0]) == pytest.approx(20.0)
 
 
@@ -145,6 +144,26 @@ def test_bootstrap_interval_matches_the_exact_resampling_distribution():
     assert slo.bootstrap_ratio_interval(mine, base, seed=3) == slo.bootstrap_ratio_interval(mine, base, seed=3)
     low, high = slo.bootstrap_ratio_interval([90.0, 110.0, 130.0, 150.0], [100.0] * 4, resamples=20000, seed=1)
     assert 0.9 < low < 1.2 < high < 1.5
+
+
+def test_the_pooled_interval_is_of_the_printed_median():
+    """Per-user speeds print the median over all the level's requests; their interval resamples the rounds and pools
+    their requests, so it is an interval of that same number: it holds the point estimate where rounds disagree (a
+    ratio of per-round medians did not: one round of many slow requests and one of few fast ones put the pooled
+    median outside it)."""
+    mine = [[10.0] * 9, [30.0, 30.0], [30.0, 30.0], [30.0, 30.0]]
+    base = [[20.0] * 9, [20.0, 20.0], [20.0, 20.0], [20.0, 20.0]]
+    point = statistics.median([v for r in mine for v in r]) / statistics.median([v for r in base for v in r])
+    low, high = slo.bootstrap_pooled_ratio_interval(mine, base, resamples=4000, seed=1)
+    assert low <= point <= high and point == pytest.approx(0.5)
+    old_low, old_high = slo.bootstrap_ratio_interval([statistics.median(r) for r in mine],
+                                                     [statistics.median(r) for r in base], resamples=4000, seed=1)
+    assert not old_low <= point <= old_high  # the statistic the table used to pair with this point
+    same = [[5.0, 6.0, 7.0], [6.0, 8.0]]
+    assert slo.bootstrap_pooled_ratio_interval(same, same) == pytest.approx((1.0, 1.0))
+    assert slo.bootstrap_pooled_ratio_interval([[1.0]], [[1.0]]) is None
+    assert slo.bootstrap_pooled_ratio_interval([[1.0], []], [[1.0], [2.0]]) is None
+    assert slo.bootstrap_pooled_ratio_interval([[1.0], [2.0]], [[0.0], [0.0]]) is None
 
 
 def test_bootstrap_interval_covers_a_true_ratio_of_one_most_of_the_time():

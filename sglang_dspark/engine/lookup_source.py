@@ -19,6 +19,7 @@ row is ever anchored on the KV reservation (the spec info's ``nxt_kv_lens_cpu``:
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import math
@@ -102,6 +103,7 @@ class LookupSource:
         self.lookup_rows = self.lookup_verified = self.lookup_accepted = 0
         self.draft_rows = self.draft_verified = self.draft_accepted = 0
         self.proposals = 0  # rows with a proposal, over all planned steps
+        self.chain_lengths: collections.Counter = collections.Counter()  # (verified, accepted) chain tokens per row
         self.planned_steps = 0
         self.proposal_steps = 0  # planned steps with a proposal: every ``explore_every``-th explores
         self.plan_seconds = 0.0  # host time of propose() over all steps (the lookup's cost per step)
@@ -184,6 +186,7 @@ class LookupSource:
                 self.lookup_rows += 1
                 self.lookup_verified += proposed
                 self.lookup_accepted += accepted
+                self.chain_lengths[(proposed, accepted)] += 1
                 kind = GREEDY if lookup.kinds is None else int(lookup.kinds[i])
                 self.calibration.observe(int(lookup.match_lens[i]), proposed, accepted, kind)
             elif record.drafted:
@@ -218,7 +221,10 @@ class LookupSource:
                        "accepted": self.lookup_accepted,
                        "accept_length": round(1.0 + self.lookup_accepted / self.lookup_rows, 4) if self.lookup_rows
                        else None,
-                       "ece": None if math.isnan(ece) else round(ece, 4)},
+                       "ece": None if math.isnan(ece) else round(ece, 4),
+                       # How long the verified chains were and how much of each was accepted: {length: rows}.
+                       "verified_lengths": _histogram(self.chain_lengths, 0),
+                       "accepted_lengths": _histogram(self.chain_lengths, 1)},
             "draft": {"rows": self.draft_rows, "verified": self.draft_verified, "accepted": self.draft_accepted,
                       "accept_length": round(1.0 + self.draft_accepted / self.draft_rows, 4) if self.draft_rows
                       else None},
@@ -227,6 +233,13 @@ class LookupSource:
             "overlap_gap": self.overlap_gap.summary(),
             **self.current_tokens.summary(),
         }
+
+
+def _histogram(pairs: collections.Counter, index: int) -> dict[str, int]:
+    counts: collections.Counter = collections.Counter()
+    for key, rows in pairs.items():
+        counts[key[index]] += rows
+    return {str(length): counts[length] for length in sorted(counts)}
 
 
 class NullLookup:

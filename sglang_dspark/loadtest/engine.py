@@ -397,6 +397,9 @@ def lookup_delta(before: dict | None, after: dict | None) -> dict | None:
             "acceptance": accepted / verified if verified > 0 else None,
         }
     sources["lookup"]["proposals"] = delta("lookup", "proposals")
+    for name in ("verified_lengths", "accepted_lengths"):  # the level's chain-length histograms {length: rows}
+        now, then = (after.get("lookup") or {}).get(name) or {}, (before.get("lookup") or {}).get(name) or {}
+        sources["lookup"][name] = {k: v - int(then.get(k, 0)) for k, v in now.items() if v - int(then.get(k, 0)) > 0}
     plan_us = after.get("plan_us_per_step")
     ece = (after.get("lookup") or {}).get("ece")
     return {

@@ -352,3 +352,24 @@ def test_a_lookup_only_step_s_verify_lengths_reach_the_device_without_a_host_syn
                                                         device="meta", confidence=None, budget=0)
     assert lens.device.type == "meta" and lens.dtype == torch.int32 and lens.shape == (2,)
     assert copies == [(True, True)]
+
+
+def test_the_summary_carries_the_chain_length_histograms():
+    """/server_info's lookup section: how long each verified chain was and how much of it was accepted, per row."""
+    source = LookupSource(GAMMA)
+    plan = _plan(source, _batch([REPEATING, FRESH]), drafted=False, draft_survival=None, cost=FlatCost(1.0))
+    source.observe(_record(verify_lens=[5, 1], commit_lens=[3, 1], confidence=None, seconds=0.2, drafted=False,
+                           lookup=plan))
+    source.observe(_record(verify_lens=[5, 1], commit_lens=[5, 1], confidence=None, seconds=0.2, drafted=False,
+                           lookup=plan))
+    lookup = source.summary()["lookup"]
+    assert lookup["verified_lengths"] == {"4": 2} and lookup["accepted_lengths"] == {"2": 1, "4": 1}
+
+
+def test_the_load_test_diffs_the_histograms_per_level():
+    from sglang_dspark.loadtest.engine import lookup_delta
+
+    before = {"lookup": {"rows": 1, "verified_lengths": {"4": 1}, "accepted_lengths": {"2": 1}}}
+    after = {"lookup": {"rows": 3, "verified_lengths": {"4": 2, "7": 1}, "accepted_lengths": {"2": 1, "7": 2}}}
+    delta = lookup_delta(before, after)["lookup"]
+    assert delta["verified_lengths"] == {"4": 1, "7": 1} and delta["accepted_lengths"] == {"7": 2}

@@ -26,15 +26,15 @@ from sglang_dspark.loadtest import runner
 from sglang_dspark.local_server import start_server
 
 
-def imported_from(pythonpath: Path) -> Path:
-    """Where ``import sglang_dspark`` resolves in this venv's interpreter with ``PYTHONPATH=pythonpath`` (the editable
-    install's finder comes after ``PYTHONPATH``, so the other build wins there)."""
+def shadows_checkout(pythonpath: Path) -> bool:
+    """Whether ``import sglang_dspark`` (and its ``profiler``, which this checkout maps from another folder) resolve
+    under ``pythonpath`` in this venv's interpreter with ``PYTHONPATH=pythonpath`` (the editable install's finder
+    comes after ``PYTHONPATH``, so the other build wins there)."""
     out = subprocess.run([sys.executable, "-c", "import sglang_dspark, sglang_dspark.profiler as p; "
                           "print(sglang_dspark.__file__); print(p.__file__)"],
                          env={**os.environ, "PYTHONPATH": str(pythonpath)}, capture_output=True, text=True, check=True,
                          cwd=tempfile.gettempdir())
-    paths = [Path(line).resolve() for line in out.stdout.split()]
-    return paths[0].parent if all(pythonpath in path.parents for path in paths) else paths[0]
+    return all(pythonpath in Path(line).resolve().parents for line in out.stdout.split())
 
 
 def main(argv=None) -> int:
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     before = Path(args.before).resolve()
     if not (before / "sglang_dspark" / "__init__.py").is_file():
         parser.error(f"--before {before}: no sglang_dspark package there (pip install --target it first)")
-    if before not in imported_from(before).parents:
+    if not shadows_checkout(before):
         parser.error(f"--before {before}: with it on PYTHONPATH, sglang_dspark still imports from this checkout")
     from sglang_dspark.embedded.defaults import ensure_default_pair
 

@@ -66,7 +66,7 @@ class DraftSource:
         (a lookup row's confidences are the lookup's estimates); the gate learns from steps without lookup rows (a
         step with them is not what the gate predicted)."""
         lookup_rows = record.lookup.rows if record.lookup is not None else None
-        survival = record.confidence.cumprod(dim=1) if record.confidence is not None else None
+        survival = record.survival
         if self.learns and survival is not None and record.drafted:
             self.survival_prior.observe(survival if lookup_rows is None else survival[~lookup_rows])
         if self.gate is not None and lookup_rows is None:

@@ -19,6 +19,7 @@ slower, never a crash at the first decode step.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -47,6 +48,12 @@ class StepRecord:
     # The device's idle time between the previous decode step's end and this one's start (None: not timed, e.g. the
     # first step, or a prefill ran in between); what giving up the overlap costs shows here (profiler/overlap_gap.py).
     gap_seconds: Optional[float] = None
+
+    @functools.cached_property
+    def survival(self) -> Optional[torch.Tensor]:
+        """``[R, γ]`` survivals of the scheduled confidences (their running products; None without confidences),
+        computed once for every learner that reads them."""
+        return self.confidence.cumprod(dim=1) if self.confidence is not None else None
 
     @property
     def kind(self) -> str:

@@ -152,7 +152,7 @@ class AdmissionStats:
     def observe(self, record) -> None:
         """A decode step's record (``engine/step_record.StepRecord``). A record it cannot read is skipped, logged once:
         observability must never take a decode step down."""
-        survival = record.confidence.cumprod(dim=1) if record.confidence is not None else None
+        survival = record.survival
         try:
             self.record_step(verify_lens=record.verify_lens, accepted_drafts=[max(0, n - 1) for n in record.commit_lens],
                              survival=survival, step_seconds=record.seconds, drafted=record.drafted)

@@ -103,6 +103,14 @@ LOOKUP = Switch(
     "verify every lookup proposal in full (exactness tests)",
     ("on", "off", "forced"),
 )
+SHARED_LOOKUP = Switch(
+    "SGLANG_DSPARK_SHARED_LOOKUP", "key",
+    "the lookup's shared suffix cache (finished requests' prompts + outputs, proposing for later requests; bounded: "
+    "sglang_dspark/lookup/shared_index.py): key (default): shared only between requests of the same extra_key and "
+    "cache_salt, the namespace SGLang's radix cache isolates prefixes by; server: one cache for every request; off: "
+    "each request proposes from its own context only. Exact either way; timing tells (docs/lookup.md)",
+    ("key", "server", "off"),
+)
 CPU_PLATFORM = Switch(
     "SGLANG_DSPARK_CPU_PLATFORM", "1",
     "1 (default): activate the CPU platform when SGLang runs on the CPU; 0: never activate it",
@@ -137,7 +145,7 @@ STANDIN_TRACE = Switch(
 
 SWITCHES: tuple[Switch, ...] = (
     ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, PAUSE_KV, HOT_VOCAB, RAGGED_SELF_CHECK, OVERLAP_PENALTIES, LOOKUP,
-    CPU_PLATFORM,
+    SHARED_LOOKUP, CPU_PLATFORM,
     CPU_MARKOV_STEP, CPU_LINEAR, CACHE, GATE_TRACE, STANDIN_TRACE,
 )
 

@@ -29,9 +29,10 @@ from typing import Optional, Union
 import torch
 
 from sglang_dspark import envs
-from sglang_dspark.lookup.book import LookupBook
-from sglang_dspark.lookup.calibration import GREEDY, LookupCalibration
+from sglang_dspark.lookup.book import LookupBook, key_scope, server_scope
+from sglang_dspark.lookup.calibration import GREEDY, OWN, SHARED, LookupCalibration
 from sglang_dspark.lookup.config import DEFAULT, LookupConfig
+from sglang_dspark.lookup.shared_index import SharedIndices
 from sglang_dspark.profiler.overlap_gap import OverlapGap
 from sglang_dspark.patches.lookup_current_tokens import LAUNCH_ATTRIBUTE, BatchLaunch
 from sglang_dspark.scheduling.current_tokens import CurrentTokensPolicy
@@ -43,8 +44,6 @@ logger = logging.getLogger(__name__)
 STEP_KINDS = ("plain", "drafted", "lookup", "mixed")
 
 
-def _request_tokens(req):
-    return req.rid, req.origin_input_ids, req.output_ids
 
 
 def _sampling_class(req, calibration: LookupCalibration) -> int:
@@ -88,19 +87,23 @@ def _tokens_left(req) -> int:
 
 class LookupSource:
     def __init__(self, gamma: int, *, forced: bool = False, on_host: bool = True,
-                 config: LookupConfig = DEFAULT) -> None:
+                 config: LookupConfig = DEFAULT, shared_scope: str = "off") -> None:
         """``on_host``: the model runs on the host (the CPU), where waiting for a result costs no device time;
-        ``config``: every tuned constant of the lookup (``lookup/config.py``)."""
+        ``config``: every tuned constant of the lookup (``lookup/config.py``); ``shared_scope``: the shared suffix
+        cache's scope (``SGLANG_DSPARK_SHARED_LOOKUP``: key, server or off)."""
         self.gamma = int(gamma)
         self.forced = forced
         self.config = config
-        self.book = LookupBook(config)
+        self.shared_scope = shared_scope
+        shared = None if shared_scope == "off" else SharedIndices(config)
+        self.book = LookupBook(config, shared, key_scope if shared_scope == "key" else server_scope)
         self.calibration = LookupCalibration(max_tokens=max(1, self.gamma), config=config)
         self.current_tokens = CurrentTokensPolicy(config)
         self.overlap_gap = OverlapGap(on_host=on_host, config=config)  # what waiting for the previous result costs
         self.overlap_given_up = 0  # decode batches that waited for current tokens
         self.steps = dict.fromkeys(STEP_KINDS, 0)
         self.lookup_rows = self.lookup_verified = self.lookup_accepted = 0
+        self.shared_proposals = self.shared_rows = self.shared_verified = self.shared_accepted = 0
         self.draft_rows = self.draft_verified = self.draft_accepted = 0
         self.proposals = 0  # rows with a proposal, over all planned steps
         self.chain_lengths: collections.Counter = collections.Counter()  # (verified, accepted) chain tokens per row
@@ -114,7 +117,9 @@ class LookupSource:
     def from_env(cls, gamma: int, *, on_host: bool = True) -> Union["LookupSource", "NullLookup"]:
         """The source ``SGLANG_DSPARK_LOOKUP`` asks for (:class:`NullLookup` when off)."""
         mode = envs.LOOKUP.get()
-        return NULL_LOOKUP if mode == "off" else cls(gamma, forced=mode == "forced", on_host=on_host)
+        if mode == "off":
+            return NULL_LOOKUP
+        return cls(gamma, forced=mode == "forced", on_host=on_host, shared_scope=envs.SHARED_LOOKUP.get())
 
     # ------------------------------------------------------------------ before a batch is launched
 
@@ -144,7 +149,9 @@ class LookupSource:
         waited = launch is not None and launch.overlap_given_up
         self.overlap_given_up += int(waited)
         # Only rows whose host tokens end with the anchor (module docstring); the others get no proposal.
-        rows = [_request_tokens(req) if current else None for req, current in zip(reqs, current_rows(batch, reqs))]
+        scope_of = self.book.scope_of
+        rows = [(req.rid, req.origin_input_ids, req.output_ids, scope_of(req)) if current else None
+                for req, current in zip(reqs, current_rows(batch, reqs))]
         proposals = self.book.propose(rows, self.gamma)
         if proposals.any:
             # A request commits at most its remaining tokens: proposing past them is verify work that cannot pay.
@@ -155,13 +162,15 @@ class LookupSource:
                 self.current_tokens.observe(len(reqs), verified_chains=False)
             return None
         self.proposals += int((proposals.lengths > 0).sum())
+        self.shared_proposals += int(((proposals.lengths > 0) & (proposals.sources == SHARED)).sum())
         explore = self.calibration.explores(self.proposal_steps)
         self.proposal_steps += 1
         kinds = torch.tensor([_sampling_class(req, self.calibration) for req in reqs], dtype=torch.int64)
         conditional = lookup_conditionals(proposals.lengths, proposals.match_lens, self.gamma,
-                                          functools.partial(self.calibration.planning, explore=explore), kinds)
+                                          functools.partial(self.calibration.planning, explore=explore), kinds,
+                                          proposals.sources)
         return LookupChains(tokens=proposals.tokens, lengths=proposals.lengths, match_lens=proposals.match_lens,
-                            conditional=conditional, explored=explore, kinds=kinds)
+                            conditional=conditional, explored=explore, kinds=kinds, sources=proposals.sources)
 
     def chosen(self, plan: StepPlan, num_requests: int, cost) -> None:
         """The chooser's plan for a step this source proposed for: whether it verified chains, and their predicted
@@ -188,7 +197,12 @@ class LookupSource:
                 self.lookup_accepted += accepted
                 self.chain_lengths[(proposed, accepted)] += 1
                 kind = GREEDY if lookup.kinds is None else int(lookup.kinds[i])
-                self.calibration.observe(int(lookup.match_lens[i]), proposed, accepted, kind)
+                source = OWN if lookup.sources is None else int(lookup.sources[i])
+                if source == SHARED:
+                    self.shared_rows += 1
+                    self.shared_verified += proposed
+                    self.shared_accepted += accepted
+                self.calibration.observe(int(lookup.match_lens[i]), proposed, accepted, kind, source)
             elif record.drafted:
                 self.draft_rows += 1
                 self.draft_verified += proposed
@@ -225,6 +239,7 @@ class LookupSource:
                        # How long the verified chains were and how much of each was accepted: {length: rows}.
                        "verified_lengths": _histogram(self.chain_lengths, 0),
                        "accepted_lengths": _histogram(self.chain_lengths, 1)},
+            "shared": self._shared_summary(),
             "draft": {"rows": self.draft_rows, "verified": self.draft_verified, "accepted": self.draft_accepted,
                       "accept_length": round(1.0 + self.draft_accepted / self.draft_rows, 4) if self.draft_rows
                       else None},
@@ -233,6 +248,20 @@ class LookupSource:
             "overlap_gap": self.overlap_gap.summary(),
             **self.current_tokens.summary(),
         }
+
+    def _shared_summary(self) -> dict:
+        """The shared suffix cache: its scope, what it holds, and what its proposals did (a part of "lookup")."""
+        shared = self.book.shared
+        if shared is None:
+            return {"scope": "off"}
+        return {"scope": self.shared_scope, "requests": shared.requests, "tokens": len(shared),
+                "capacity_tokens": shared.capacity, "entries": shared.entries, "scopes": shared.scopes,
+                "evicted_scopes": shared.evicted_scopes, "proposals": self.shared_proposals,
+                # Of all rows with a proposal, the share the cache made (own context had a shorter match or none).
+                "hit_rate": round(self.shared_proposals / self.proposals, 4) if self.proposals else None,
+                "rows": self.shared_rows, "verified": self.shared_verified, "accepted": self.shared_accepted,
+                "accept_length": round(1.0 + self.shared_accepted / self.shared_rows, 4) if self.shared_rows
+                else None}
 
 
 def _histogram(pairs: collections.Counter, index: int) -> dict[str, int]:

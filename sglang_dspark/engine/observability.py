@@ -55,7 +55,8 @@ UNSET_POLICY = "unset"
 # Our metrics sit in SGLang's namespace (module docstring): sglang:dspark_<thing>, counters ending in _total.
 METRIC_PREFIX = "sglang:dspark_"
 # Proposal sources of a decode step with prompt lookup beside the draft (engine/lookup_source.py summary()).
-LOOKUP_SOURCES = ("lookup", "draft")
+# "shared": the lookup rows whose chain came from the shared suffix cache (a part of "lookup").
+LOOKUP_SOURCES = ("lookup", "draft", "shared")
 
 _hooks_registered = False
 _process_exporter: AdmissionMetricsExporter | None = None
@@ -314,7 +315,8 @@ class AdmissionMetricsExporter:
             "lookup_proposals_total", "Request-steps for which the prompt lookup found a proposal."
         )
         self.lookup_source_rows = counter(
-            "lookup_source_rows_total", "Request-steps that verified the source's proposal (lookup or draft).",
+            "lookup_source_rows_total", "Request-steps that verified the source's proposal (lookup, draft; shared: the "
+            "lookup rows whose chain came from the shared suffix cache).",
             ("source",),
         )
         self.lookup_source_verified_tokens = counter(
@@ -332,6 +334,14 @@ class AdmissionMetricsExporter:
             "Mean accept length of the request-steps that verified the source (1 + accepted / rows) since start.",
             ("source",),
         )
+        self.lookup_chain_rows = counter(
+            "lookup_chain_rows_total", "Lookup rows by chain tokens verified (verified) and accepted (accepted): the "
+            "chain-length histogram.", ("length", "of"),
+        )
+        self.lookup_shared_tokens = gauge(
+            "lookup_shared_tokens", "Tokens held by the shared suffix cache (finished requests' prompts + outputs)."
+        )
+        self.lookup_shared_entries = gauge("lookup_shared_entries", "n-grams mapped by the shared suffix cache.")
         self.lookup_ece = gauge("lookup_ece", "Expected calibration error of the prompt lookup's acceptance estimates.")
         self.lookup_plan_seconds_per_step = gauge(
             "lookup_plan_seconds_per_step", "Mean host time in seconds the prompt lookup spends planning a decode step."
@@ -412,6 +422,13 @@ class AdmissionMetricsExporter:
                 _gauge_value(counts.get("accept_length"))
             )
         own = lookup.get("lookup") if isinstance(lookup.get("lookup"), Mapping) else {}
+        for of in ("verified", "accepted"):
+            lengths = own.get(f"{of}_lengths")
+            for length, rows in (lengths.items() if isinstance(lengths, Mapping) else ()):
+                self.lookup_chain_rows.advance(rows, length=str(length), of=of)
+        shared = lookup.get("shared") if isinstance(lookup.get("shared"), Mapping) else {}
+        self.lookup_shared_tokens.labels(**labels).set(_gauge_value(shared.get("tokens")))
+        self.lookup_shared_entries.labels(**labels).set(_gauge_value(shared.get("entries")))
         self.lookup_proposals.advance(own.get("proposals"))
         self.lookup_overlap_given_up_steps.advance(lookup.get("overlap_given_up_steps"))
         self.lookup_ece.labels(**labels).set(_gauge_value(own.get("ece")))

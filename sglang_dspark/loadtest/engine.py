@@ -386,7 +386,7 @@ def lookup_delta(before: dict | None, after: dict | None) -> dict | None:
     steps = {kind: delta("steps", kind) for kind in LOOKUP_STEP_KINDS}
     total = sum(steps.values())
     sources = {}
-    for source in ("lookup", "draft"):
+    for source in ("lookup", "draft", "shared"):  # shared: the lookup rows whose chain came from the shared cache
         rows, verified, accepted = (delta(source, key) for key in ("rows", "verified", "accepted"))
         sources[source] = {
             "rows": rows,
@@ -397,6 +397,11 @@ def lookup_delta(before: dict | None, after: dict | None) -> dict | None:
             "acceptance": accepted / verified if verified > 0 else None,
         }
     sources["lookup"]["proposals"] = delta("lookup", "proposals")
+    sources["shared"]["proposals"] = delta("shared", "proposals")
+    # Of the rows with a proposal, the share the shared suffix cache made (None: no proposal, or the cache is off).
+    shared_on = (after.get("shared") or {}).get("scope", "off") != "off"
+    sources["shared"]["hit_rate"] = (sources["shared"]["proposals"] / sources["lookup"]["proposals"]
+                                     if shared_on and sources["lookup"]["proposals"] > 0 else None)
     for name in ("verified_lengths", "accepted_lengths"):  # the level's chain-length histograms {length: rows}
         now, then = (after.get("lookup") or {}).get(name) or {}, (before.get("lookup") or {}).get(name) or {}
         sources["lookup"][name] = {k: v - int(then.get(k, 0)) for k, v in now.items() if v - int(then.get(k, 0)) > 0}
@@ -408,6 +413,7 @@ def lookup_delta(before: dict | None, after: dict | None) -> dict | None:
         "step_share": {kind: count / total if total > 0 else None for kind, count in steps.items()},
         "lookup": sources["lookup"],
         "draft": sources["draft"],
+        "shared": sources["shared"],
         "lookup_accept_length": sources["lookup"]["accept_length"],
         "draft_accept_length": sources["draft"]["accept_length"],
         "plan_us_per_step": float(plan_us) if _is_number(plan_us) else None,

@@ -318,3 +318,25 @@ def grounded_items(seed: int = 0) -> list[GroundedPrompt]:
 def grounded_prompts(seed: int = 0) -> list[str]:
     """The grounded set as prompt texts (``--dataset grounded``)."""
     return [item.text for item in grounded_items(seed)]
+
+
+RECURRING_GROUP = 3  # passages whose tasks are mixed together: each level sees every task of a few passages
+
+
+def grounded_recurring_prompts(seed: int = 0) -> list[str]:
+    """The grounded set with passages that recur across requests (``--dataset grounded-recurring``): every task of
+    a passage, the passages in a seeded order, the tasks of each :data:`RECURRING_GROUP` consecutive passages shuffled
+    together. A level (a run of consecutive prompts) then asks several tasks of each passage it holds, as users
+    working on the same document do; still distinct prompts, each sent once."""
+    by_passage: dict[str, list[str]] = {}
+    for item in grounded_items(seed):
+        by_passage.setdefault(item.passage, []).append(item.text)
+    groups = list(by_passage.values())
+    rng = random.Random(seed + 1)
+    rng.shuffle(groups)
+    ordered: list[str] = []
+    for start in range(0, len(groups), RECURRING_GROUP):
+        chunk = [text for group in groups[start:start + RECURRING_GROUP] for text in group]
+        rng.shuffle(chunk)
+        ordered += chunk
+    return ordered

@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 
 from .code_edit_prompts import code_edit_prompts  # noqa: F401  (re-exported: the third built-in set)
-from .grounded_prompts import grounded_prompts  # noqa: F401  (re-exported: the second built-in set)
+from .grounded_prompts import grounded_prompts, grounded_recurring_prompts  # noqa: F401  (re-exported)
 
 # 120 subjects x 16 tasks = 1920 distinct chat prompts (the default sweep 1..64 with 4 prompts per slot needs 512).
 SUBJECTS = [

@@ -262,27 +262,36 @@ def source_cells(level: dict) -> dict[str, str]:
         "steps": "–" if all(s is None for s in shares) else " / ".join(_percent(s) for s in shares),
         "lookup_tau": _fmt(sources.get("lookup_accept_length"), 2),
         "draft_tau": _fmt(sources.get("draft_accept_length"), 2),
+        "shared": _shared_cell(sources.get("shared")),
         "plan_us": _fmt(sources.get("plan_us_per_step"), 1),
     }
 
 
+def _shared_cell(shared) -> str:
+    """The shared suffix cache's share of the proposals and its rows' τ ("–" when off or without proposals)."""
+    if not isinstance(shared, dict) or shared.get("hit_rate") is None:
+        return "–"
+    return f"{_percent(shared['hit_rate'])} / {_fmt(shared.get('accept_length'), 2)}"
+
+
 def sources_table(result: dict) -> str:
     """Prompt lookup beside the draft, per configuration and level: the shares of decode steps of each kind, the
-    accept length τ of each source (tokens per request-step that verified it, the bonus included) and the lookup's
-    host planning cost per step. Empty when no server of the run reported a lookup (the run did not use it)."""
+    accept length τ of each source (tokens per request-step that verified it, the bonus included), the shared suffix
+    cache's share of the proposals and its rows' τ, and the lookup's host planning cost per step. Empty when no server of the run reported a lookup (the run did not use it)."""
     if not any(level.get("sources") for config in result.get("configs", []) for level in config.get("levels", [])):
         return ""
     lines = [
         "per source (prompt lookup beside the draft):",
         "",
-        "| configuration | load | steps plain / drafted / lookup / mixed % | lookup τ | draft τ | lookup µs/step |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| configuration | load | steps plain / drafted / lookup / mixed % | lookup τ | draft τ | shared % / τ | "
+        "lookup µs/step |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for config in result.get("configs", []):
         for level in config.get("levels", []):
             cells = source_cells(level)
             lines.append(f"| {config['label']} | {level_key(level)} | {cells['steps']} | {cells['lookup_tau']} | "
-                         f"{cells['draft_tau']} | {cells['plan_us']} |")
+                         f"{cells['draft_tau']} | {cells['shared']} | {cells['plan_us']} |")
     return "\n".join(lines)
 
 

@@ -67,10 +67,10 @@ MAX_CONCURRENCY = 1024
 MAX_LEVELS = 16
 MAX_PROMPTS_PER_LEVEL = 4096
 CONFIG_NAMES = ("no-spec", "no-spec-control", "dspark", "dspark-baseline-draft", "dspark-verify-all", "dspark-gate-off",
-                "dspark-no-lookup", "dspark-upstream", "ngram")
+                "dspark-no-lookup", "dspark-no-shared", "dspark-upstream", "ngram")
 DEFAULT_CONFIGS = ("no-spec", "dspark", "dspark-verify-all", "dspark-upstream", "ngram")
 # The built-in sets whose prompts carry a passage the answer copies from: their levels get ``output_overlap``.
-PASSAGE_DATASETS = ("grounded", "code-edit")
+PASSAGE_DATASETS = ("grounded", "grounded-recurring", "code-edit")
 
 
 class LoadTestError(RuntimeError):
@@ -118,6 +118,10 @@ def launch_configs(names: list[str], draft: str | None, ngram_draft_tokens: int 
         # Our worker without prompt lookup (the draft only): what the lookup gains, or costs where it does not pay.
         "dspark-no-lookup": ServerConfig(
             "dspark-no-lookup", "DSPARK without lookup", draft_args, {"SGLANG_DSPARK_LOOKUP": "off"}
+        ),
+        # Our worker, each request's own context only (no shared suffix cache): what sharing gains or costs.
+        "dspark-no-shared": ServerConfig(
+            "dspark-no-shared", "DSPARK without shared cache", draft_args, {"SGLANG_DSPARK_SHARED_LOOKUP": "off"}
         ),
         "dspark-upstream": ServerConfig(
             "dspark-upstream", "DSPARK upstream static", draft_args, {"SGLANG_DSPARK_WORKER": "upstream"}
@@ -490,6 +494,8 @@ def prompt_pool(args) -> list[str]:
         return prompt_sets.builtin_prompts(args.seed)
     if args.dataset == "grounded":
         return prompt_sets.grounded_prompts(args.seed)
+    if args.dataset == "grounded-recurring":
+        return prompt_sets.grounded_recurring_prompts(args.seed)
     if args.dataset == "code-edit":
         return prompt_sets.code_edit_prompts(args.seed)
     try:
@@ -828,7 +834,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--temperature", type=float, nargs="+", default=[0.0],
                       help="sampling temperature(s); several: every level runs at each, with fresh prompts")
     load.add_argument("--dataset", default="builtin", help="builtin (the chat set, default; alias chat), grounded "
-                      "(a passage and a task that copies from it), code-edit (a function, class or method of "
+                      "(a passage and a task that copies from it), grounded-recurring (the same, each passage asked several tasks "
+                      "within a level, as users working on one document), code-edit (a function, class or method of "
                       "Python's standard library, read here at run time, with an edit task whose answer re-emits it: "
                       "rename, type hints, docstrings, a loop rewritten, reformat; use --max-tokens 256), a JSONL "
                       "file or a ShareGPT JSON file")

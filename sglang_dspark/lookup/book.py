@@ -12,6 +12,10 @@ the window) is always brought up to date, as before; the others (a long new prom
 per call, fewest pending first, so a long prompt is indexed over several steps and no step pays for all of it. A
 request that has not caught up gets no proposal and counts as no match.
 
+With a shared suffix cache (``shared_index.SharedIndices``), a request whose index the book drops hands its tokens
+to the cache under its scope key, and a row whose own context matches a shorter tail than the cache (or none) gets
+the cache's proposal instead, tagged :data:`~sglang_dspark.lookup.calibration.SHARED` (its own calibration bucket).
+
 Proposals are read from the tokens the scheduler holds on the host: they are current on a step that runs after the
 previous result was processed (``patches/lookup_current_tokens.py``); where they are not, a proposal may be off by a
 step and is rejected by the verify, never accepted wrongly (the verify checks every proposed token).
@@ -20,23 +24,29 @@ step and is rejected by the verify, never accepted wrongly (the verify checks ev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Callable, Hashable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
+from sglang_dspark.lookup.calibration import OWN, SHARED
 from sglang_dspark.lookup.config import DEFAULT, LookupConfig
 from sglang_dspark.lookup.index import ContextIndex, LookupProposal
+from sglang_dspark.lookup.shared_index import SharedIndices
+
+# A request as the book reads it: (rid, prompt, output), optionally with its shared-cache scope key fourth.
+Request = tuple
 
 
 @dataclass(frozen=True)
 class BatchProposals:
     """One step's lookup proposals for R requests, on the host: ``tokens [R, γ]`` (rows without a proposal, and
     positions past one, hold the fill token 0, never verified), ``lengths [R]`` tokens proposed (0: none),
-    ``match_lens [R]`` tail tokens matched (0: none)."""
+    ``match_lens [R]`` tail tokens matched (0: none), ``sources [R]`` where each came from (``OWN`` / ``SHARED``)."""
 
     tokens: torch.Tensor
     lengths: torch.Tensor
     match_lens: torch.Tensor
+    sources: torch.Tensor
 
     @property
     def any(self) -> bool:
@@ -46,14 +56,32 @@ class BatchProposals:
         """At most ``limits[r]`` tokens for row r (a row capped to 0 has no proposal)."""
         lengths = torch.minimum(self.lengths, limits.to(self.lengths.dtype))
         tokens = self.tokens.masked_fill(torch.arange(self.tokens.shape[1]) >= lengths[:, None], 0)
-        return BatchProposals(tokens=tokens, lengths=lengths, match_lens=torch.where(lengths > 0, self.match_lens, 0))
+        return BatchProposals(tokens=tokens, lengths=lengths, match_lens=torch.where(lengths > 0, self.match_lens, 0),
+                              sources=torch.where(lengths > 0, self.sources, OWN))
+
+
+def key_scope(req) -> tuple:
+    """A SGLang request's shared-cache scope under the ``key`` scope: the cache namespace its radix cache isolates
+    prefixes by (``extra_key``, which holds the LoRA id, and ``cache_salt``)."""
+    return getattr(req, "extra_key", None), getattr(req, "cache_salt", None)
+
+
+def server_scope(req) -> None:
+    """Every request's scope under the ``server`` scope: one."""
+    return None
 
 
 class LookupBook:
-    def __init__(self, config: LookupConfig = DEFAULT) -> None:
-        """``config``: the n-gram range (``min_ngram``, ``max_ngram``) and ``index_limits`` the indices keep to."""
+    def __init__(self, config: LookupConfig = DEFAULT, shared: Optional[SharedIndices] = None,
+                 scope_of: Callable[[object], Hashable] = key_scope) -> None:
+        """``config``: the n-gram range (``min_ngram``, ``max_ngram``) and ``index_limits`` the indices keep to;
+        ``shared``: the shared suffix cache (None: each request proposes from its own context only); ``scope_of``:
+        a SGLang request's scope key in it (:func:`key_scope`, :func:`server_scope`)."""
         self.config = config
+        self.shared = shared
+        self.scope_of = scope_of
         self._indices: dict[str, ContextIndex] = {}
+        self._scopes: dict[str, object] = {}  # rid -> its shared-cache scope key
         self.last_call_tokens = 0  # tokens indexed or dropped by the latest propose / any_match / index_for call
 
     def __len__(self) -> int:
@@ -76,40 +104,60 @@ class LookupBook:
         return index
 
     def retain(self, rids: Iterable[str]) -> None:
-        """Drop the indices of requests not in ``rids`` (finished or aborted)."""
+        """Drop the indices of requests not in ``rids`` (finished or aborted), their tokens into the shared cache."""
         keep = set(rids)
         for rid in [rid for rid in self._indices if rid not in keep]:
-            del self._indices[rid]
+            index = self._indices.pop(rid)
+            scope = self._scopes.pop(rid, None)
+            if self.shared is not None:
+                self.shared.add(scope, index.recent(self.shared.capacity - 1))
 
-    def propose(self, requests: Sequence[Optional[tuple[str, Sequence[int], Sequence[int]]]],
-                gamma: int) -> BatchProposals:
-        """Proposals of up to ``gamma`` tokens for ``(rid, prompt, output)`` rows, in batch order (None: a row that
-        gets no proposal this step; its index is left as it is), indexed within one call's budget (module docstring)."""
+    def propose(self, requests: Sequence[Optional[Request]], gamma: int) -> BatchProposals:
+        """Proposals of up to ``gamma`` tokens for ``(rid, prompt, output[, scope])`` rows, in batch order (None: a
+        row that gets no proposal this step; its index is left as it is), indexed within one call's budget (module
+        docstring); from the shared cache where it matches a longer tail than the row's own context."""
         rows = len(requests)
         tokens = torch.zeros(rows, gamma, dtype=torch.int64)
         lengths = torch.zeros(rows, dtype=torch.int64)
         match_lens = torch.zeros(rows, dtype=torch.int64)
+        sources = torch.full((rows,), OWN, dtype=torch.int64)
         indexed = [(row, self._appended(*request)) for row, request in enumerate(requests) if request is not None]
+        shared = self.shared
+        if shared is not None:
+            shared.catch_up()
         for row, index in self._catch_up(indexed):
             proposal: Optional[LookupProposal] = index.propose(gamma)
+            if shared is not None and (proposal is None or proposal.match_len < self.max_ngram):
+                other = shared.propose(self._scopes.get(requests[row][0]), index.recent(self.max_ngram), gamma)
+                if other is not None and (proposal is None or other.match_len > proposal.match_len):
+                    proposal, sources[row] = other, SHARED
             if proposal is None:
                 continue
             count = len(proposal.tokens)
             tokens[row, :count] = torch.tensor(proposal.tokens, dtype=torch.int64)
             lengths[row] = count
             match_lens[row] = proposal.match_len
-        return BatchProposals(tokens=tokens, lengths=lengths, match_lens=match_lens)
+        return BatchProposals(tokens=tokens, lengths=lengths, match_lens=match_lens, sources=sources)
 
     def any_match(self, reqs) -> bool:
-        """Whether any of SGLang's requests (``rid``, ``origin_input_ids``, ``output_ids``) has a tail that recurs
-        (stops at the first; one call's budget of indexing over the requests it looked at)."""
-        indexed = [(req.rid, self._appended(req.rid, req.origin_input_ids, req.output_ids)) for req in reqs]
-        return any(index.propose(1) is not None for _, index in self._catch_up(indexed))
+        """Whether any of SGLang's requests (``rid``, ``origin_input_ids``, ``output_ids``) has a tail that recurs in
+        its context or the shared cache (stops at the first; one call's budget of indexing over the requests it
+        looked at)."""
+        indexed = [(req.rid, self._appended(req.rid, req.origin_input_ids, req.output_ids, self.scope_of(req)))
+                   for req in reqs]
+        shared = self.shared
+        if shared is not None:
+            shared.catch_up()
+        return any(index.propose(1) is not None or (
+            shared is not None and shared.propose(self._scopes.get(rid), index.recent(self.max_ngram), 1) is not None)
+            for rid, index in self._catch_up(indexed))
 
     # ------------------------------------------------------------------ internals
 
-    def _appended(self, rid: str, prompt: Sequence[int], output: Sequence[int]) -> ContextIndex:
-        """``rid``'s index with ``prompt + output`` appended, not yet indexed (``ContextIndex.append``)."""
+    def _appended(self, rid: str, prompt: Sequence[int], output: Sequence[int], scope: object = None) -> ContextIndex:
+        """``rid``'s index with ``prompt + output`` appended, not yet indexed (``ContextIndex.append``); ``scope``:
+        its shared-cache scope key."""
+        self._scopes[rid] = scope
         index = self._indices.get(rid)
         known = len(prompt) + len(output)
         if index is None or len(index) > known:
@@ -141,4 +189,4 @@ class LookupBook:
             yield key, index
 
 
-__all__ = ["BatchProposals", "LookupBook"]
+__all__ = ["BatchProposals", "LookupBook", "key_scope", "server_scope"]

@@ -1,8 +1,9 @@
 """How likely each token of a lookup proposal is to be accepted, learned online (issue #39 item 1).
 
 A lookup proposal carries no model confidence, so its acceptance is estimated from what verifies told us: the
-conditional acceptance of position j (j-th proposed token, given the ones before it were accepted), per match-length
-bucket and sampling class, as a Beta posterior mean ``(accepted + a) / (tried + a + b)``. The sampling class
+conditional acceptance of position j (j-th proposed token, given the ones before it were accepted), per source (the
+request's own context, :data:`OWN`, or the shared suffix cache, :data:`SHARED`: another request's text predicts
+differently), match-length bucket and sampling class, as a Beta posterior mean ``(accepted + a) / (tried + a + b)``. The sampling class
 (:func:`sampling_class`: greedy, or the temperature's band) keeps apart what the verify's rule makes different: a
 greedy row accepts a token that is the target's argmax, a sampled row with probability ``p(x)``, lower the hotter it
 samples; one estimate for both would over-promise to sampled rows what greedy rows got, and under-promise the
@@ -32,6 +33,8 @@ import torch
 from sglang_dspark.lookup.config import DEFAULT, LookupConfig
 
 GREEDY = 0
+OWN, SHARED = 0, 1  # proposal sources: the request's own context, the shared suffix cache (lookup/shared_index.py)
+SOURCES = 2
 
 
 def sampling_class(temperature: float, top_k: int, bands: tuple[float, ...] = DEFAULT.temperature_bands) -> int:
@@ -53,7 +56,7 @@ class LookupCalibration:
             raise ValueError(f"LookupCalibration: need max_tokens >= 1, got {max_tokens}")
         self.config = config
         self.max_tokens = max_tokens
-        self.accepted = torch.zeros(config.sampling_classes, len(config.match_buckets), max_tokens,
+        self.accepted = torch.zeros(config.sampling_classes, SOURCES * len(config.match_buckets), max_tokens,
                                     dtype=torch.float64)
         self.tried = torch.zeros_like(self.accepted)
         self._bin_predicted = torch.zeros(config.ece_bins, dtype=torch.float64)
@@ -64,34 +67,35 @@ class LookupCalibration:
         """A request's sampling class under this calibration's temperature bands (:func:`sampling_class`)."""
         return sampling_class(temperature, top_k, self.config.temperature_bands)
 
-    def _bucket(self, match_len: int) -> int:
-        """The largest bucket at or below ``match_len`` (the smallest for shorter matches)."""
+    def _bucket(self, match_len: int, source: int = OWN) -> int:
+        """The source's largest bucket at or below ``match_len`` (the smallest for shorter matches)."""
         index = 0
         for i, lower in enumerate(self.config.match_buckets):
             if match_len >= lower:
                 index = i
-        return index
+        return source * len(self.config.match_buckets) + index
 
-    def conditional(self, match_len: int, num_tokens: int, kind: int = GREEDY) -> torch.Tensor:
+    def conditional(self, match_len: int, num_tokens: int, kind: int = GREEDY, source: int = OWN) -> torch.Tensor:
         """``[num_tokens]`` P(position j accepted | positions before it accepted) for a row of sampling class
-        ``kind``: the posterior mean."""
-        return self._estimate(match_len, num_tokens, 0.0, kind)
+        ``kind`` proposed by ``source``: the posterior mean."""
+        return self._estimate(match_len, num_tokens, 0.0, kind, source)
 
-    def optimistic(self, match_len: int, num_tokens: int, kind: int = GREEDY) -> torch.Tensor:
+    def optimistic(self, match_len: int, num_tokens: int, kind: int = GREEDY, source: int = OWN) -> torch.Tensor:
         """``[num_tokens]`` the posterior mean plus ``optimism`` posterior standard deviations, at most 1."""
-        return self._estimate(match_len, num_tokens, self.config.optimism, kind)
+        return self._estimate(match_len, num_tokens, self.config.optimism, kind, source)
 
     def explores(self, step: int) -> bool:
         """Whether the ``step``-th planned step with proposals (from 0) explores (module docstring)."""
         return step % self.config.explore_every == 0
 
-    def planning(self, match_len: int, num_tokens: int, kind: int = GREEDY, *, explore: bool) -> torch.Tensor:
+    def planning(self, match_len: int, num_tokens: int, kind: int = GREEDY, source: int = OWN, *,
+                 explore: bool) -> torch.Tensor:
         """``[num_tokens]`` the estimate a step plans with: :meth:`optimistic` on an exploring step, else the mean."""
-        return self._estimate(match_len, num_tokens, self.config.optimism if explore else 0.0, kind)
+        return self._estimate(match_len, num_tokens, self.config.optimism if explore else 0.0, kind, source)
 
-    def _estimate(self, match_len: int, num_tokens: int, optimism: float, kind: int) -> torch.Tensor:
+    def _estimate(self, match_len: int, num_tokens: int, optimism: float, kind: int, source: int) -> torch.Tensor:
         k = min(int(num_tokens), self.max_tokens)
-        row = self._bucket(match_len)
+        row = self._bucket(match_len, source)
         a, b = self.config.acceptance_prior
         alpha = self.accepted[kind, row, :k] + a
         total = self.tried[kind, row, :k] + a + b
@@ -103,25 +107,25 @@ class LookupCalibration:
             estimate = torch.cat([estimate, estimate[-1:].expand(int(num_tokens) - k)])
         return estimate
 
-    def survival(self, match_len: int, num_tokens: int, kind: int = GREEDY) -> torch.Tensor:
+    def survival(self, match_len: int, num_tokens: int, kind: int = GREEDY, source: int = OWN) -> torch.Tensor:
         """``[num_tokens]`` P(positions 0..j all accepted)."""
-        return torch.cumprod(self.conditional(match_len, num_tokens, kind), dim=0)
+        return torch.cumprod(self.conditional(match_len, num_tokens, kind, source), dim=0)
 
-    def observe(self, match_len: int, proposed: int, accepted: int, kind: int = GREEDY) -> None:
+    def observe(self, match_len: int, proposed: int, accepted: int, kind: int = GREEDY, source: int = OWN) -> None:
         """A verify of ``proposed`` lookup tokens (0 <= accepted <= proposed); also scores the estimate it replaces."""
         if not 0 <= accepted <= proposed:
             raise ValueError(f"accepted {accepted} out of 0..{proposed}")
         if proposed == 0:
             return
         tried = min(accepted + 1, proposed)
-        predicted = self.conditional(match_len, tried, kind)
+        predicted = self.conditional(match_len, tried, kind, source)
         outcome = torch.zeros(tried, dtype=torch.float64)
         outcome[:accepted] = 1.0
         bins = torch.clamp((predicted * len(self._bin_count)).long(), max=len(self._bin_count) - 1)
         self._bin_predicted.index_add_(0, bins, predicted)
         self._bin_outcome.index_add_(0, bins, outcome)
         self._bin_count.index_add_(0, bins, torch.ones_like(predicted))
-        row, k = self._bucket(match_len), min(tried, self.max_tokens)
+        row, k = self._bucket(match_len, source), min(tried, self.max_tokens)
         self.tried[kind, row, :k] += 1.0
         self.accepted[kind, row, :min(accepted, k)] += 1.0
 
@@ -134,4 +138,4 @@ class LookupCalibration:
         return float(gaps.sum() / total)
 
 
-__all__ = ["GREEDY", "LookupCalibration", "sampling_class"]
+__all__ = ["GREEDY", "OWN", "SHARED", "SOURCES", "LookupCalibration", "sampling_class"]

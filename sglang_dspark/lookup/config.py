@@ -2,10 +2,10 @@
 
 :class:`LookupConfig` is frozen and checked on construction: a value out of range raises ``ValueError`` naming the
 field. :data:`DEFAULT` holds the served values. Each part of the lookup takes a config and reads its knobs from it
-only: ``book.LookupBook`` (n-gram range, :class:`IndexLimits`), ``calibration.LookupCalibration`` (acceptance
-estimate, exploration, sampling classes), ``scheduling/current_tokens.CurrentTokensPolicy`` (when a batch gives up
-the overlap), ``profiler/overlap_gap.OverlapGap`` (what that costs) and ``scheduling/step_choice.py``
-(``chain_min_gain``).
+only: ``book.LookupBook`` (n-gram range, :class:`IndexLimits`), ``shared_index.SharedIndices`` (capacity, budget),
+``calibration.LookupCalibration`` (acceptance estimate, exploration, sampling classes),
+``scheduling/current_tokens.CurrentTokensPolicy`` (when a batch gives up the overlap), ``profiler/overlap_gap.OverlapGap``
+(what that costs) and ``scheduling/step_choice.py`` (``chain_min_gain``).
 """
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ class LookupConfig:
     max_ngram: int = 6  # the longest tail tried; matching goes from here down, the first (longest) recurring one wins
     index_limits: IndexLimits = field(default_factory=IndexLimits)  # the indices' host time and memory (above)
 
+    # The shared suffix cache (lookup/shared_index.py): finished requests' tokens, proposing for other requests.
+    shared_capacity_tokens: int = 1 << 16  # tokens held over all scopes (the n-gram map: about 36 MB at the default)
+    shared_tokens_per_call: int = 1024  # tokens it indexes per decode step: bounds one step's stall
+
     # Acceptance estimate (lookup/calibration.py).
     match_buckets: tuple[int, ...] = (2, 3, 4, 6)  # lower match-length edges of the buckets learned apart
     acceptance_prior: tuple[float, float] = (1.0, 1.0)  # Beta(a, b) prior of each position's conditional acceptance
@@ -79,12 +83,16 @@ class LookupConfig:
         window = self.index_limits.window
         if window is not None and window <= self.max_ngram:
             raise ValueError(f"LookupConfig: need index_limits.window > max_ngram, got {window}, {self.max_ngram}")
+        if self.shared_capacity_tokens <= self.max_ngram:
+            raise ValueError(f"LookupConfig: need shared_capacity_tokens > max_ngram, got "
+                             f"{self.shared_capacity_tokens}, {self.max_ngram}")
         buckets, bands = self.match_buckets, self.temperature_bands
         bad = [] if buckets and buckets[0] >= 1 and _increasing(buckets) else ["match_buckets"]
         bad += [] if len(self.acceptance_prior) == 2 and all(
             0 < v < math.inf for v in self.acceptance_prior) else ["acceptance_prior"]
         bad += [] if 0 <= self.optimism < math.inf else ["optimism"]
-        bad += [n for n in ("explore_every", "ece_bins", "overlap_patience", "gap_min_samples") if getattr(self, n) < 1]
+        bad += [n for n in ("explore_every", "ece_bins", "overlap_patience", "gap_min_samples",
+                            "shared_tokens_per_call") if getattr(self, n) < 1]
         bad += [] if all(0 < v < math.inf for v in bands) and _increasing(bands) else ["temperature_bands"]
         bad += [n for n in ("saving_rate", "gap_rate") if not 0 < getattr(self, n) <= 1]
         bad += [n for n in ("gap_prior_seconds", "gap_prior_seconds_per_request", "chain_min_gain")

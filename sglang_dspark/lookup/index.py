@@ -120,6 +120,29 @@ class ContextIndex:
                 return LookupProposal(tuple(tokens[end - base:end - base + max_tokens]), n)
         return None
 
+    def continuation(self, tail: Sequence[int], max_tokens: int, *, stop: Optional[int] = None
+                     ) -> Optional[LookupProposal]:
+        """What followed, here, the longest suffix of ``tail`` (another sequence's last tokens) that occurs in this
+        index (latest occurrence, inside the window; what is indexed so far), cut before the first ``stop`` token;
+        None when no suffix of ``min_ngram``.. tokens occurs with a token after it."""
+        if max_tokens < 1:
+            return None
+        start, tokens, base = self._window_start(), self._tokens, self._base
+        for n in range(min(self.max_ngram, len(tail)), self.min_ngram - 1, -1):
+            end = self._latest_end.get(tuple(tail[len(tail) - n:]))
+            if end is None or end - n < start:
+                continue
+            following = tokens[end - base:end - base + max_tokens]
+            if stop is not None and stop in following:
+                following = following[:following.index(stop)]
+            if following:
+                return LookupProposal(tuple(following), n)
+        return None
+
+    def recent(self, limit: int) -> list[int]:
+        """The last ``limit`` tokens appended that are still stored (a window drops older ones)."""
+        return self._tokens[max(0, len(self._tokens) - max(0, limit)):]
+
     # ------------------------------------------------------------------ internals
 
     def _window_start(self) -> int:

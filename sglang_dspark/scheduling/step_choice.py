@@ -50,17 +50,19 @@ CHAIN_MIN_GAIN = DEFAULT.chain_min_gain
 
 
 def lookup_conditionals(lengths: torch.Tensor, match_lens: torch.Tensor, gamma: int, conditional_of,
-                        kinds: Optional[torch.Tensor] = None) -> torch.Tensor:
+                        kinds: Optional[torch.Tensor] = None, sources: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``[R, γ]`` conditional acceptance of each proposed lookup token (0 past a row's proposal and for rows with
-    none). ``conditional_of(match_len, n, kind)``: the estimate for n tokens of a row of sampling class ``kind``
-    (``LookupCalibration.conditional``); ``kinds [R]``: each row's class (None: every row greedy)."""
+    none). ``conditional_of(match_len, n, kind, source)``: the estimate for n tokens of a row of sampling class
+    ``kind`` proposed by ``source`` (``LookupCalibration.conditional``); ``kinds [R]``: each row's class (None: every
+    row greedy); ``sources [R]``: each row's source (None: every row's own context, source 0)."""
     rows = int(lengths.shape[0])
     conditional = torch.zeros(rows, gamma, dtype=torch.float64)
     for row in range(rows):
         count = int(lengths[row])
         if count > 0:
             kind = 0 if kinds is None else int(kinds[row])
-            conditional[row, :count] = conditional_of(int(match_lens[row]), count, kind).to(torch.float64)
+            source = 0 if sources is None else int(sources[row])
+            conditional[row, :count] = conditional_of(int(match_lens[row]), count, kind, source).to(torch.float64)
     return conditional
 
 
@@ -213,4 +215,5 @@ def choose_chains(proposed: LookupChains, *, drafted: bool, draft_survival: Opti
     gamma = conditional.shape[-1]
     conditional = torch.where(torch.arange(gamma) < lengths[:, None], conditional, torch.zeros_like(conditional))
     return LookupChains(tokens=proposed.tokens, lengths=lengths, match_lens=proposed.match_lens,
-                        conditional=conditional, explored=proposed.explored, kinds=proposed.kinds)
+                        conditional=conditional, explored=proposed.explored, kinds=proposed.kinds,
+                        sources=proposed.sources)

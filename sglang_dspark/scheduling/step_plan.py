@@ -27,8 +27,9 @@ class LookupChains:
     the row (0: none; in a plan, exactly what a step without the draft verifies); ``match_lens [R]``: tail tokens the
     lookup matched; ``conditional [R, γ]``: acceptance estimates (``lookup/calibration.py``; in a plan, 0 past each
     row's length; a drafted step ranks them with the draft's confidences); ``explored``: the optimistic estimates of
-    an exploring step, not the mean; ``kinds [R]``: each row's sampling class (None: all greedy). ``total``: Σ lengths,
-    the chain tokens a step verifies, summed once."""
+    an exploring step, not the mean; ``kinds [R]``: each row's sampling class (None: all greedy); ``sources [R]``:
+    where each row's chain came from (``lookup/calibration.py``'s OWN or SHARED; None: all own). ``total``: Σ
+    lengths, the chain tokens a step verifies, summed once."""
 
     tokens: torch.Tensor
     lengths: torch.Tensor
@@ -36,6 +37,7 @@ class LookupChains:
     conditional: torch.Tensor
     explored: bool = False
     kinds: Optional[torch.Tensor] = None
+    sources: Optional[torch.Tensor] = None
     total: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -111,7 +111,7 @@ def counter_delta(after: dict, before: dict) -> dict:
     return {
         "steps": {k: after["steps"][k] - before["steps"].get(k, 0) for k in after["steps"]},
         **{source: {k: after[source][k] - before[source][k] for k in ("rows", "verified", "accepted")}
-           for source in ("lookup", "draft")},
+           for source in ("lookup", "draft", "shared") if "rows" in after[source]},
         "overlap_given_up_steps": after["overlap_given_up_steps"] - before["overlap_given_up_steps"],
     }
 

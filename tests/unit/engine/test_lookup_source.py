@@ -373,3 +373,37 @@ def test_the_load_test_diffs_the_histograms_per_level():
     after = {"lookup": {"rows": 3, "verified_lengths": {"4": 2, "7": 1}, "accepted_lengths": {"2": 1, "7": 2}}}
     delta = lookup_delta(before, after)["lookup"]
     assert delta["verified_lengths"] == {"4": 1, "7": 1} and delta["accepted_lengths"] == {"7": 2}
+
+
+def test_the_shared_cache_proposes_from_a_finished_request_and_learns_apart(monkeypatch):
+    """A finished request's tokens propose for a later one (source SHARED, own calibration bucket, counted and
+    summarised); with the switch off, or under the key scope for another tenant, nothing is shared."""
+    from sglang_dspark.lookup.calibration import SHARED
+
+    monkeypatch.setenv("SGLANG_DSPARK_LOOKUP", "on")
+    monkeypatch.setenv("SGLANG_DSPARK_SHARED_LOOKUP", "key")
+    source = LookupSource.from_env(GAMMA)
+    first = SimpleNamespace(rid="first", origin_input_ids=[1, 2, 3], output_ids=[10, 11, 40, 41, 42, 43],
+                            extra_key=None, cache_salt=None)
+    assert source.propose(_batch([first])) is None  # its own context has no recurring tail
+    later = SimpleNamespace(rid="later", origin_input_ids=[7, 8], output_ids=[10, 11], extra_key=None,
+                            cache_salt=None)
+    chains = source.propose(_batch([later]))  # "first" left the batch: its tokens are in the shared cache
+    assert chains is not None and chains.tokens[0].tolist() == [40, 41, 42, 43]
+    assert chains.sources.tolist() == [SHARED]
+    plan = choose_chains(chains, drafted=False, draft_survival=None, cost=None, forced=True)
+    source.observe(_record(drafted=False, lookup=plan, verify_lens=[5], commit_lens=[3], confidence=None,
+                           seconds=0.01))
+    assert source.calibration.tried[0, 4, 0] == 1 and source.calibration.tried[0, :4].sum() == 0  # shared bucket
+    summary = source.summary()["shared"]
+    assert summary["scope"] == "key" and summary["requests"] == 1 and summary["proposals"] == 1
+    assert summary["rows"] == 1 and summary["accepted"] == 2 and summary["hit_rate"] == 1.0
+    assert summary["tokens"] <= summary["capacity_tokens"] and summary["entries"] > 0
+    other_tenant = SimpleNamespace(rid="other", origin_input_ids=[7, 8], output_ids=[10, 11], extra_key="t2",
+                                   cache_salt=None)
+    assert source.propose(_batch([other_tenant])) is None
+
+    monkeypatch.setenv("SGLANG_DSPARK_SHARED_LOOKUP", "off")
+    alone = LookupSource.from_env(GAMMA)
+    alone.propose(_batch([first]))
+    assert alone.propose(_batch([later])) is None and alone.summary()["shared"] == {"scope": "off"}

@@ -598,7 +598,8 @@ def test_the_table_shows_requests_in_flight_and_end_to_end_speed_beside_throughp
 def lookup_summary(k: int, *, mode: str = "on") -> dict:
     """``LookupSource.summary()`` after ``k`` equal slices of traffic: per slice 10 decode steps (2 plain, 4 drafted,
     3 lookup, 1 mixed), 4 lookup rows verifying 12 tokens with 6 accepted, 8 draft rows verifying 24 with 8
-    accepted; the lifetime plan cost grows by 1 µs per slice so the test sees which snapshot it came from."""
+    accepted, 1 of the 5 proposals from the shared cache, its row verifying 3 tokens with 3 accepted; the lifetime plan
+    cost grows by 1 µs per slice so the test sees which snapshot it came from."""
     return {
         "mode": mode,
         "steps": {"plain": 2 * k, "drafted": 4 * k, "lookup": 3 * k, "mixed": k},
@@ -606,6 +607,7 @@ def lookup_summary(k: int, *, mode: str = "on") -> dict:
         "lookup": {"proposals": 5 * k, "rows": 4 * k, "verified": 12 * k, "accepted": 6 * k,
                    "accept_length": 2.5 if k else None, "ece": 0.05 if k else None},
         "draft": {"rows": 8 * k, "verified": 24 * k, "accepted": 8 * k, "accept_length": 2.0 if k else None},
+        "shared": {"scope": "key", "proposals": k, "rows": k, "verified": 3 * k, "accepted": 3 * k},
         "plan_us_per_step": 10.0 + k if k else None,
     }
 
@@ -658,13 +660,13 @@ def test_sources_table_prints_a_row_per_level_with_dashes_where_a_server_has_no_
     assert table in text
     header, separator, *rows = [line for line in table.splitlines() if line.startswith("|")]
     assert header == ("| configuration | load | steps plain / drafted / lookup / mixed % | lookup τ | draft τ | "
-                      "lookup µs/step |")
-    assert separator == "| --- " * 6 + "|"
+                      "shared % / τ | lookup µs/step |")
+    assert separator == "| --- " * 7 + "|"
     assert rows == [
-        "| no-spec | c=1 | – | – | – | – |",
-        "| dspark | c=1 | – | – | – | – |",
-        "| lookup | c=1 | 20 / 40 / 30 / 10 | 2.50 | 2.00 | 12.0 |",
-        "| lookup | c=4 | – | – | – | 12.0 |",  # no decode step in the level: no share, no τ
+        "| no-spec | c=1 | – | – | – | – | – |",
+        "| dspark | c=1 | – | – | – | – | – |",
+        "| lookup | c=1 | 20 / 40 / 30 / 10 | 2.50 | 2.00 | 20 / 4.00 | 12.0 |",
+        "| lookup | c=4 | – | – | – | – | 12.0 |",  # no decode step in the level: no share, no τ
     ]
     # A run where no server reported a lookup prints the main table alone.
     for config in result["configs"]:
@@ -672,7 +674,7 @@ def test_sources_table_prints_a_row_per_level_with_dashes_where_a_server_has_no_
             level.pop("sources", None)
     assert report.sources_table(result) == "" and report.summary_tables(result) == report.markdown_table(result)
     assert report.source_cells({"sources": None}) == {"steps": "–", "lookup_tau": "–", "draft_tau": "–",
-                                                      "plan_us": "–"}
+                                                      "shared": "–", "plan_us": "–"}
 
 
 def test_sweep_records_and_prints_per_source_numbers(serving, monkeypatch, tmp_path, capsys):
@@ -706,14 +708,14 @@ def test_sweep_records_and_prints_per_source_numbers(serving, monkeypatch, tmp_p
     assert [lv["sources"]["plan_us_per_step"] for lv in lookup["levels"]] == [12.0, 14.0]
     assert all("sources" not in level for level in off["levels"] + ngram["levels"])
     captured = capsys.readouterr()
-    assert "| lookup | c=1 | 20 / 40 / 30 / 10 | 2.50 | 2.00 | 12.0 |" in captured.out
-    assert "| lookup | c=2 | 20 / 40 / 30 / 10 | 2.50 | 2.00 | 14.0 |" in captured.out
+    assert "| lookup | c=1 | 20 / 40 / 30 / 10 | 2.50 | 2.00 | 20 / 4.00 | 12.0 |" in captured.out
+    assert "| lookup | c=2 | 20 / 40 / 30 / 10 | 2.50 | 2.00 | 20 / 4.00 | 14.0 |" in captured.out
     assert "| off | c=2 | – | – | – | – |" in captured.out
     assert "| ngram | c=1 | – | – | – | – |" in captured.out
     assert "(lookup τ 2.50, draft τ 2.00)" in captured.err  # the progress line of each level
     # --replot prints the per-source table from the JSON alone
     assert runner.main(["--replot", str(out_dir / "loadtest.json"), "--output-dir", str(tmp_path / "re")]) == 0
-    assert "| lookup | c=2 | 20 / 40 / 30 / 10 | 2.50 | 2.00 | 14.0 |" in capsys.readouterr().out
+    assert "| lookup | c=2 | 20 / 40 / 30 / 10 | 2.50 | 2.00 | 20 / 4.00 | 14.0 |" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------------------- SLO, intervals, search

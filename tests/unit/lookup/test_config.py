@@ -28,7 +28,7 @@ OLD_VALUES = {
     "ece_bins": 10, "temperature_bands": (0.5, 1.0),
     "overlap_patience": 16, "saving_rate": 0.125,
     "gap_prior_seconds": 1e-3, "gap_prior_seconds_per_request": 25e-6, "gap_min_samples": 8, "gap_rate": 0.1,
-    "chain_min_gain": 0.05,
+    "chain_min_gain": 0.05, "shared_capacity_tokens": 65536, "shared_tokens_per_call": 1024,
 }
 
 
@@ -41,7 +41,7 @@ def test_the_defaults_are_the_old_constants():
 
 def test_every_part_defaults_to_the_default_config():
     assert LookupBook().config == DEFAULT and (LookupBook().min_ngram, LookupBook().max_ngram) == (2, 6)
-    assert LookupCalibration().config == DEFAULT and LookupCalibration().accepted.shape == (4, 4, 16)
+    assert LookupCalibration().config == DEFAULT and LookupCalibration().accepted.shape == (4, 8, 16)  # own and shared buckets
     assert CurrentTokensPolicy().config == DEFAULT and CurrentTokensPolicy().patience == 16
     assert OverlapGap(on_host=False).config == DEFAULT
     index = ContextIndex()
@@ -72,6 +72,8 @@ def test_every_part_defaults_to_the_default_config():
     (dict(gap_min_samples=0), "gap_min_samples"),
     (dict(gap_rate=0.0), "gap_rate"),
     (dict(chain_min_gain=-0.01), "chain_min_gain"),
+    (dict(shared_capacity_tokens=6), "shared_capacity_tokens"),
+    (dict(shared_tokens_per_call=0), "shared_tokens_per_call"),
 ])
 def test_a_bad_value_is_refused_naming_its_field(changes, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
@@ -137,7 +139,7 @@ def test_overlap_patience_and_saving_rate_reach_the_current_tokens_policy():
 def test_the_calibration_reads_its_config():
     config = LookupConfig(match_buckets=(2, 5), temperature_bands=(0.5,), explore_every=3, acceptance_prior=(3.0, 1.0))
     calibration = LookupCalibration(max_tokens=4, config=config)
-    assert calibration.accepted.shape == (config.sampling_classes, 2, 4) == (3, 2, 4)
+    assert calibration.accepted.shape == (config.sampling_classes, 2 * 2, 4) == (3, 4, 4)  # own, shared buckets
     assert calibration.sampling_class(0.7, top_k=-1) == 2 and sampling_class(0.7, top_k=-1) == 2
     assert calibration.sampling_class(1.5, top_k=-1) == 2 and sampling_class(1.5, top_k=-1) == 3
     assert [calibration.explores(step) for step in range(4)] == [True, False, False, True]

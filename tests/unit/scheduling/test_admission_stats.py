@@ -344,7 +344,10 @@ LOOKUP_SUMMARY = {  # engine/lookup_source.LookupSource.summary()
     "mode": "on",
     "steps": {"plain": 3, "drafted": 10, "lookup": 4, "mixed": 2},
     "indexed_requests": 2,
-    "lookup": {"proposals": 9, "rows": 6, "verified": 18, "accepted": 12, "accept_length": 3.0, "ece": 0.07},
+    "lookup": {"proposals": 9, "rows": 6, "verified": 18, "accepted": 12, "accept_length": 3.0, "ece": 0.07,
+               "verified_lengths": {"3": 6}, "accepted_lengths": {"0": 1, "2": 1, "3": 4}},
+    "shared": {"scope": "key", "tokens": 900, "entries": 4000, "rows": 2, "verified": 6, "accepted": 5,
+               "accept_length": 3.5},
     "draft": {"rows": 20, "verified": 60, "accepted": 20, "accept_length": 2.0},
     "plan_us_per_step": 41.5,
     "overlap_given_up_steps": 1,
@@ -358,13 +361,17 @@ def test_exporter_lookup_counters_per_step_kind_and_source(private_exporter):
     exporter.update(stats.summary())
     for kind, count in LOOKUP_SUMMARY["steps"].items():
         assert sample(registry, "sglang:dspark_lookup_steps_total", kind=kind) == count
-    for source in ("lookup", "draft"):
+    for source in ("lookup", "draft", "shared"):
         counts = LOOKUP_SUMMARY[source]
         assert sample(registry, "sglang:dspark_lookup_source_rows_total", source=source) == counts["rows"]
         assert sample(registry, "sglang:dspark_lookup_source_verified_tokens_total", source=source) == counts["verified"]
         assert sample(registry, "sglang:dspark_lookup_source_accepted_tokens_total", source=source) == counts["accepted"]
         assert sample(registry, "sglang:dspark_lookup_source_accept_length", source=source) == counts["accept_length"]
     assert sample(registry, "sglang:dspark_lookup_proposals_total") == 9
+    assert sample(registry, "sglang:dspark_lookup_chain_rows_total", length="3", of="verified") == 6
+    assert sample(registry, "sglang:dspark_lookup_chain_rows_total", length="2", of="accepted") == 1
+    assert sample(registry, "sglang:dspark_lookup_shared_tokens") == 900
+    assert sample(registry, "sglang:dspark_lookup_shared_entries") == 4000
     assert sample(registry, "sglang:dspark_lookup_ece") == pytest.approx(0.07)
     assert sample(registry, "sglang:dspark_lookup_plan_seconds_per_step") == pytest.approx(41.5e-6)
 
@@ -403,13 +410,14 @@ COUNTER_FAMILIES = {
     "accepted_draft_length_requests", "calibration_pairs", "calibration_predicted_survival",
     "calibration_observed_survival", "draft_gate_decisions", "draft_gate_decision_reasons", "draft_gate_pauses",
     "draft_gate_resumes", "lookup_steps", "lookup_proposals", "lookup_source_rows", "lookup_source_verified_tokens",
-    "lookup_source_accepted_tokens", "lookup_overlap_given_up_steps",
+    "lookup_source_accepted_tokens", "lookup_overlap_given_up_steps", "lookup_chain_rows",
 }
 GAUGE_FAMILIES = {
     "mean_admitted_draft_length", "mean_accept_length", "confidence_ece", "confidence_ece_window",
     "mean_predicted_survival", "mean_observed_survival", "mean_step_seconds", "drafted_step_share",
     "sps_table_age_seconds", "admitted_draft_length_share", "admission_policy_info", "draft_gate_paused",
-    "lookup_source_accept_length", "lookup_ece", "lookup_plan_seconds_per_step",
+    "lookup_source_accept_length", "lookup_ece", "lookup_plan_seconds_per_step", "lookup_shared_tokens",
+    "lookup_shared_entries",
 }
 GATE_SUMMARY = {"mode": "auto", "decisions": 5, "drafted": 3, "skipped": 2, "paused": True, "pauses": 1, "resumes": 0,
                 "reasons": {"pays": 3, "learn-skip": 2}}

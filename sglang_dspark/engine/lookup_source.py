@@ -87,11 +87,13 @@ def _tokens_left(req) -> int:
 
 class LookupSource:
     def __init__(self, gamma: int, *, forced: bool = False, on_host: bool = True,
-                 config: LookupConfig = DEFAULT, shared_scope: str = "off") -> None:
+                 config: LookupConfig = DEFAULT, shared_scope: str = "off", long_chains: bool = False) -> None:
         """``on_host``: the model runs on the host (the CPU), where waiting for a result costs no device time;
         ``config``: every tuned constant of the lookup (``lookup/config.py``); ``shared_scope``: the shared suffix
-        cache's scope (``SGLANG_DSPARK_SHARED_LOOKUP``: key, server or off)."""
+        cache's scope (``SGLANG_DSPARK_SHARED_LOOKUP``: key, server or off); ``long_chains``: this server can verify
+        chains past the draft's block (engine/long_chain_step.py), so proposals go up to ``max_chain_tokens``."""
         self.gamma = int(gamma)
+        self.max_chain = max(self.gamma, config.max_chain_tokens) if long_chains else self.gamma
         self.forced = forced
         self.config = config
         self.shared_scope = shared_scope
@@ -114,12 +116,14 @@ class LookupSource:
     enabled = True
 
     @classmethod
-    def from_env(cls, gamma: int, *, on_host: bool = True) -> Union["LookupSource", "NullLookup"]:
+    def from_env(cls, gamma: int, *, on_host: bool = True, long_chains: bool = False
+                 ) -> Union["LookupSource", "NullLookup"]:
         """The source ``SGLANG_DSPARK_LOOKUP`` asks for (:class:`NullLookup` when off)."""
         mode = envs.LOOKUP.get()
         if mode == "off":
             return NULL_LOOKUP
-        return cls(gamma, forced=mode == "forced", on_host=on_host, shared_scope=envs.SHARED_LOOKUP.get())
+        return cls(gamma, forced=mode == "forced", on_host=on_host, shared_scope=envs.SHARED_LOOKUP.get(),
+                   long_chains=long_chains)
 
     # ------------------------------------------------------------------ before a batch is launched
 
@@ -152,7 +156,7 @@ class LookupSource:
         scope_of = self.book.scope_of
         rows = [(req.rid, req.origin_input_ids, req.output_ids, scope_of(req)) if current else None
                 for req, current in zip(reqs, current_rows(batch, reqs))]
-        proposals = self.book.propose(rows, self.gamma)
+        proposals = self.book.propose(rows, self.max_chain)
         if proposals.any:
             # A request commits at most its remaining tokens: proposing past them is verify work that cannot pay.
             remaining = torch.tensor([_tokens_left(req) for req in reqs], dtype=torch.int64)
@@ -166,7 +170,7 @@ class LookupSource:
         explore = self.calibration.explores(self.proposal_steps)
         self.proposal_steps += 1
         kinds = torch.tensor([_sampling_class(req, self.calibration) for req in reqs], dtype=torch.int64)
-        conditional = lookup_conditionals(proposals.lengths, proposals.match_lens, self.gamma,
+        conditional = lookup_conditionals(proposals.lengths, proposals.match_lens, self.max_chain,
                                           functools.partial(self.calibration.planning, explore=explore), kinds,
                                           proposals.sources)
         return LookupChains(tokens=proposals.tokens, lengths=proposals.lengths, match_lens=proposals.match_lens,
@@ -229,6 +233,7 @@ class LookupSource:
         ece = self.calibration.ece()
         return {
             "mode": "forced" if self.forced else "on",
+            "max_chain_tokens": self.max_chain,
             "steps": dict(self.steps),
             "indexed_requests": len(self.book),
             "lookup": {"proposals": self.proposals, "rows": self.lookup_rows, "verified": self.lookup_verified,

@@ -39,6 +39,7 @@ from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang_dspark.engine.current_step import CurrentStep
 from sglang_dspark.engine.draft_source import DraftSource
 from sglang_dspark.engine.gate_trace import GateTrace
+from sglang_dspark.engine.long_chain_step import reserve_chain_kv
 from sglang_dspark.engine.lookup_source import NULL_LOOKUP, LookupSource
 from sglang_dspark.engine.plan_digest import PlanDigest
 from sglang_dspark.engine.rank_learning import RankLearning, decide_rank_learning, parallel_facts
@@ -169,6 +170,8 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
     rank_learning: Optional[RankLearning] = None
     plan_digest: Optional[PlanDigest] = None  # under TP: this rank's digest of its verify layouts (the worker sets it)
     _learn_online = False  # what step records teach may change the budget (only where one rank decides alone)
+    # Whether a batch may verify chains past the draft's block (None: this server cannot; engine/long_chain_step.py).
+    long_chain_ok = None
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -304,10 +307,13 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             return "deferred context-KV commit (SGLANG_DSPARK_DEFER_CONTEXT_KV)"
         return None
 
-    def enable_draft_gate(self, mode: str) -> None:
-        """The chooser on: the gate advises the draft, and the lookup proposes beside it (``SGLANG_DSPARK_LOOKUP``)."""
+    def enable_draft_gate(self, mode: str, long_chain_ok=None) -> None:
+        """The chooser on: the gate advises the draft, and the lookup proposes beside it (``SGLANG_DSPARK_LOOKUP``);
+        ``long_chain_ok(batch)``: whether a batch may verify chains past the block (None: never on this server)."""
         self.draft.gate = make_draft_gate(mode)
-        self.lookup = LookupSource.from_env(self.gamma, on_host=str(self.model_runner.device).startswith("cpu"))
+        self.long_chain_ok = long_chain_ok
+        self.lookup = LookupSource.from_env(self.gamma, on_host=str(self.model_runner.device).startswith("cpu"),
+                                            long_chains=long_chain_ok is not None)
         if self.lookup.enabled:
             get_admission_stats().set_lookup(self.lookup.summary)
         # Read when /server_info or the metrics ask, not rebuilt on every decode step.
@@ -391,8 +397,11 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             cost_drafted=costs.drafted if costs is not None else None,
             cost_undrafted=costs.undrafted if costs is not None else None,
             weigh_draft=self.draft.weighs_beside_lookup, forced_lookup=self.lookup.forced,
-            min_gain=self.lookup.config.chain_min_gain,
+            min_gain=self.lookup.config.chain_min_gain, block=self.gamma,
+            long_chains=proposed is not None and self.long_chain_ok is not None and self.long_chain_ok(batch),
             overlap_given_up=launch is not None and launch.overlap_given_up, **anchor_paths))
+        if plan.verifies_past(self.gamma):  # the KV its long chains need, or shorter chains
+            plan = reserve_chain_kv(batch, plan, self.gamma)
         self.draft.tally(plan.decision)
         if proposed is not None:
             self.lookup.chosen(plan, num_requests, costs.undrafted if costs is not None else None)

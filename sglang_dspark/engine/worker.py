@@ -25,6 +25,7 @@ step drafts from the full context.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -45,6 +46,7 @@ from sglang_dspark.engine.plain_step.anchor_only_verify import AnchorOnlyVerifyE
 from sglang_dspark.engine.plain_step.pending_context_kv import PendingContextKv
 from sglang_dspark.engine.plain_step.plain_decode_step import plain_decode_eligible, run_plain_decode_step
 from sglang_dspark.engine.current_step import CurrentStep
+from sglang_dspark.engine.long_chain_step import long_chain_batch_ok, long_chains_blocker, run_long_chain_step
 from sglang_dspark.engine.step_record import StepRecorder
 from sglang_dspark.engine.to_device import to_device
 from sglang_dspark.scheduling.step_plan import DRAFTED, StepPlan
@@ -224,12 +226,15 @@ class DSparkWorker(DSparkWorkerV2):
             self._verify_executor.__class__ = AnchorOnlyVerifyExecutor
         # One plan per step, read by all three (engine/current_step.py).
         self._proposer.step = self._verify_executor.step = self._verify_planner.step = self._step
-        self._verify_planner.enable_draft_gate(mode)
+        blocker = long_chains_blocker(self)
+        self._verify_planner.enable_draft_gate(
+            mode, long_chain_ok=None if blocker is not None else functools.partial(long_chain_batch_ok, self))
         self._draft_gate_on = True
         if envs.PAUSE_KV.get() == "batched":
             self._pending_context_kv = PendingContextKv(self._write_context_rows)
             self._verify_planner.pending_context_kv = self._pending_context_kv
-        logger.info("sglang-dspark draft gate: mode=%s (skips the draft block on steps where it does not pay)", mode)
+        logger.info("sglang-dspark draft gate: mode=%s (skips the draft block on steps where it does not pay); lookup "
+                    "chains past the draft's block: %s", mode, "on" if blocker is None else f"off ({blocker})")
 
     @property
     def lookup_source(self):
@@ -252,6 +257,8 @@ class DSparkWorker(DSparkWorkerV2):
         if self._step.plan.plain_decode and coordination_plan is None:
             return run_plain_decode_step(self, batch, on_publish)
         self._flush_context_kv()  # a draft forward or upstream's commit_hidden comes next
+        if self._step.plan.verifies_past(self.gamma):  # chains past the block (engine/long_chain_step.py)
+            return run_long_chain_step(self, batch, self._step.plan, on_publish)
         return super()._forward_decode(batch, on_publish, grammar_barrier, coordination_plan=coordination_plan)
 
     def _plan_step(self, batch) -> StepPlan:

@@ -10,7 +10,9 @@ samples; one estimate for both would over-promise to sampled rows what greedy ro
 reverse. A verify of ``proposed`` tokens that accepted ``accepted`` of them says: positions 0..accepted-1 accepted,
 position ``accepted`` rejected (if proposed), later positions untried. ``survival`` is the cumulative product, the
 same quantity the capacity search reads for the draft, so both sources compete under one objective. :meth:`ece`
-reports the expected calibration error of the estimates it handed out, against what verify then did.
+reports the expected calibration error of the estimates it handed out, against what verify then did. Positions past
+the tracked ones (a chain longer than the draft's block) share one rate per bucket, their counts pooled with the
+last tracked position's: once a copy runs that far, each next token is about as likely as the last.
 
 The scheduler plans with the mean, so its choices rest on calibrated estimates, and explores: one step with
 proposals in ``explore_every`` plans with :meth:`optimistic`, the mean plus ``optimism`` posterior standard deviations
@@ -59,6 +61,9 @@ class LookupCalibration:
         self.accepted = torch.zeros(config.sampling_classes, SOURCES * len(config.match_buckets), max_tokens,
                                     dtype=torch.float64)
         self.tried = torch.zeros_like(self.accepted)
+        # Positions past ``max_tokens`` (chains longer than the draft's block), pooled: one count per bucket.
+        self.tail_accepted = torch.zeros(self.accepted.shape[:-1], dtype=torch.float64)
+        self.tail_tried = torch.zeros_like(self.tail_accepted)
         self._bin_predicted = torch.zeros(config.ece_bins, dtype=torch.float64)
         self._bin_outcome = torch.zeros_like(self._bin_predicted)
         self._bin_count = torch.zeros_like(self._bin_predicted)
@@ -99,12 +104,16 @@ class LookupCalibration:
         a, b = self.config.acceptance_prior
         alpha = self.accepted[kind, row, :k] + a
         total = self.tried[kind, row, :k] + a + b
+        if k < num_tokens:  # past what is tracked: one rate, the tail's counts pooled with the last position's
+            last = self.max_tokens - 1
+            tail_alpha = self.accepted[kind, row, last] + self.tail_accepted[kind, row] + a
+            tail_total = self.tried[kind, row, last] + self.tail_tried[kind, row] + a + b
+            alpha = torch.cat([alpha, tail_alpha.reshape(1).expand(int(num_tokens) - k)])
+            total = torch.cat([total, tail_total.reshape(1).expand(int(num_tokens) - k)])
         estimate = alpha / total
         if optimism > 0:
             spread = torch.sqrt(estimate * (1.0 - estimate) / (total + 1.0))  # the Beta posterior's deviation
             estimate = torch.clamp(estimate + optimism * spread, max=1.0)
-        if k < num_tokens:  # past what is tracked: the last tracked position's rate
-            estimate = torch.cat([estimate, estimate[-1:].expand(int(num_tokens) - k)])
         return estimate
 
     def survival(self, match_len: int, num_tokens: int, kind: int = GREEDY, source: int = OWN) -> torch.Tensor:
@@ -128,6 +137,8 @@ class LookupCalibration:
         row, k = self._bucket(match_len, source), min(tried, self.max_tokens)
         self.tried[kind, row, :k] += 1.0
         self.accepted[kind, row, :min(accepted, k)] += 1.0
+        self.tail_tried[kind, row] += max(0, tried - self.max_tokens)
+        self.tail_accepted[kind, row] += max(0, accepted - self.max_tokens)
 
     def ece(self) -> float:
         """Expected calibration error of every estimate scored so far (NaN before any)."""

@@ -39,6 +39,9 @@ class LookupConfig:
     """The prompt lookup's knobs (module docstring for who reads which). Validated on construction."""
 
     # Proposals (lookup/index.py, lookup/book.py).
+    # A chain's longest length on a step without the draft where chains past the draft's block can run (the eager host
+    # path, engine/long_chain_step.py); elsewhere, and on drafted steps, a chain stops at the block (γ tokens).
+    max_chain_tokens: int = 31
     min_ngram: int = 2  # the shortest tail that may match: a recurring tail of fewer tokens proposes nothing
     max_ngram: int = 6  # the longest tail tried; matching goes from here down, the first (longest) recurring one wins
     index_limits: IndexLimits = field(default_factory=IndexLimits)  # the indices' host time and memory (above)
@@ -92,7 +95,7 @@ class LookupConfig:
             0 < v < math.inf for v in self.acceptance_prior) else ["acceptance_prior"]
         bad += [] if 0 <= self.optimism < math.inf else ["optimism"]
         bad += [n for n in ("explore_every", "ece_bins", "overlap_patience", "gap_min_samples",
-                            "shared_tokens_per_call") if getattr(self, n) < 1]
+                            "shared_tokens_per_call", "max_chain_tokens") if getattr(self, n) < 1]
         bad += [] if all(0 < v < math.inf for v in bands) and _increasing(bands) else ["temperature_bands"]
         bad += [n for n in ("saving_rate", "gap_rate") if not 0 < getattr(self, n) <= 1]
         bad += [n for n in ("gap_prior_seconds", "gap_prior_seconds_per_request", "chain_min_gain")

@@ -113,7 +113,8 @@ def without_rows(survival: Optional[torch.Tensor], rows: Optional[torch.Tensor])
 
 def draft_pays_beside_lookup(lookup_conditional: torch.Tensor, draft_survival: Optional[torch.Tensor],
                              cost_drafted: StepCostModel, cost_undrafted: StepCostModel,
-                             min_gain: float = CHAIN_MIN_GAIN) -> bool:
+                             min_gain: float = CHAIN_MIN_GAIN,
+                             undrafted_conditional: Optional[torch.Tensor] = None) -> bool:
     """Whether a drafted step beats the step without the draft when some rows have lookup chains: the draft gate
     compared the draft with a plain step, but here the alternative verifies the chains too.
 
@@ -123,7 +124,8 @@ def draft_pays_beside_lookup(lookup_conditional: torch.Tensor, draft_survival: O
     (a row's best: its lookup survivals where it has a chain, else the draft's ``draft_survival``; Θ(lookup only) takes
     ``K = 0`` unless a chain clears :data:`CHAIN_MIN_GAIN`, as :func:`lookup_lengths` does). Ties go to the step
     without the draft. With nothing known of the draft (None, or rows that are not these) the gate's call stands:
-    a drafted step is how the draft's survivals become known."""
+    a drafted step is how the draft's survivals become known. ``undrafted_conditional``: the chains a step without
+    the draft may verify, when longer than a drafted step's (``lookup_conditional``, the draft's block wide)."""
     lookup = survival_probabilities(lookup_conditional)
     num_requests = lookup.shape[-2]
     if draft_survival is None or draft_survival.shape != lookup.shape:
@@ -131,7 +133,8 @@ def draft_pays_beside_lookup(lookup_conditional: torch.Tensor, draft_survival: O
     has_lookup = lookup_conditional[:, :1] > 0
     best = torch.where(has_lookup, lookup, draft_survival.to(lookup.dtype).clamp(0.0, 1.0))
     # The step without the draft verifies the chains :func:`lookup_lengths` keeps: none below the margin.
-    _, theta_lookup = _chosen_chains(lookup, cost_undrafted, min_gain)
+    undrafted = lookup if undrafted_conditional is None else survival_probabilities(undrafted_conditional)
+    _, theta_lookup = _chosen_chains(undrafted, cost_undrafted, min_gain)
     theta_drafted = _reachable_path_throughput(best, num_requests, cost_drafted, 0.0).max()
     return bool(theta_drafted > theta_lookup)
 
@@ -161,7 +164,8 @@ class StepFacts:
     of their own read the population prior; None: nothing known); ``known_draft_survival``: the lagged survivals
     before that fill (None where no row had any), which a row's chain is weighed against. ``cost_drafted`` /
     ``cost_undrafted``: steps per second of a step with and without the draft block (None: not known yet: chains
-    verify every proposed token). ``forced_lookup``: every proposed chain token is verified
+    verify every proposed token). ``block``: the draft's block γ (None: proposals are no wider); ``long_chains``: a
+    step without the draft may verify chains past it on this batch (a drafted step never does). ``forced_lookup``: every proposed chain token is verified
     (``SGLANG_DSPARK_LOOKUP=forced``, a test mode). ``compact_ok`` / ``plain_ok``: how a step that verifies the anchors
     only may run on this batch (``StepPlan.decided``). ``overlap_given_up``: the batch waited for current tokens."""
 
@@ -174,6 +178,8 @@ class StepFacts:
     weigh_draft: bool = True
     forced_lookup: bool = False
     min_gain: float = CHAIN_MIN_GAIN
+    block: Optional[int] = None
+    long_chains: bool = False
     compact_ok: bool = False
     plain_ok: bool = False
     overlap_given_up: bool = False
@@ -185,26 +191,32 @@ def choose_step(facts: StepFacts) -> StepPlan:
     decision = facts.gate
     if decision is None:
         return DRAFTED
-    lookup = facts.lookup
+    # A drafted step verifies at most the draft's block per row; a step without it may go past (long_chains).
+    long = facts.lookup
+    lookup = long if long is None or facts.block is None else long.clipped(facts.block)
+    if not facts.long_chains:
+        long = lookup
     if (lookup is not None and decision.draft and facts.weigh_draft and facts.cost_drafted is not None
             and facts.cost_undrafted is not None and not draft_pays_beside_lookup(
-                lookup.conditional, facts.draft_survival, facts.cost_drafted, facts.cost_undrafted, facts.min_gain)):
+                lookup.conditional, facts.draft_survival, facts.cost_drafted, facts.cost_undrafted, facts.min_gain,
+                undrafted_conditional=None if long is lookup else long.conditional)):
         # The gate weighed the draft against a plain step; beside lookup chains the alternative verifies them too.
         decision = GateDecision(False, "lookup", decision.choice)
     chains = None if lookup is None else choose_chains(
-        lookup, drafted=decision.draft, draft_survival=facts.known_draft_survival, cost=facts.cost_undrafted,
-        forced=facts.forced_lookup, min_gain=facts.min_gain)
+        lookup if decision.draft else long, drafted=decision.draft, draft_survival=facts.known_draft_survival,
+        cost=facts.cost_undrafted, forced=facts.forced_lookup, min_gain=facts.min_gain, block=facts.block)
     return StepPlan.decided(decision, compact_ok=facts.compact_ok, plain_ok=facts.plain_ok, lookup=chains,
                             overlap_given_up=facts.overlap_given_up)
 
 
 def choose_chains(proposed: LookupChains, *, drafted: bool, draft_survival: Optional[torch.Tensor],
-                  cost: Optional[StepCostModel], forced: bool = False,
-                  min_gain: float = CHAIN_MIN_GAIN) -> Optional[LookupChains]:
+                  cost: Optional[StepCostModel], forced: bool = False, min_gain: float = CHAIN_MIN_GAIN,
+                  block: Optional[int] = None) -> Optional[LookupChains]:
     """The rows that verify a lookup chain this step (None: none). Lengths by the global capacity search over the
     estimates with ``cost``, the rate of a step without the draft block (None: not known yet, every proposed token);
     on a drafted step (``drafted``) only rows expecting at least the draft's tokens (``draft_survival``, the [R, γ]
-    survivals the gate read; None: every row with a proposal)."""
+    survivals the gate read; None: every row with a proposal). The chosen chains are ``block`` (γ) wide unless some
+    row's length passes it (then as wide as the longest)."""
     conditional = proposed.conditional
     lengths = lookup_lengths(conditional, cost, forced=forced, proposed=proposed.lengths, min_gain=min_gain)
     if drafted and not forced:
@@ -212,8 +224,9 @@ def choose_chains(proposed: LookupChains, *, drafted: bool, draft_survival: Opti
         lengths = torch.where(prefers_lookup(conditional, known), lengths, torch.zeros_like(lengths))
     if not bool((lengths > 0).any()):
         return None
-    gamma = conditional.shape[-1]
-    conditional = torch.where(torch.arange(gamma) < lengths[:, None], conditional, torch.zeros_like(conditional))
-    return LookupChains(tokens=proposed.tokens, lengths=lengths, match_lens=proposed.match_lens,
-                        conditional=conditional, explored=proposed.explored, kinds=proposed.kinds,
-                        sources=proposed.sources)
+    width = conditional.shape[-1]
+    conditional = torch.where(torch.arange(width) < lengths[:, None], conditional, torch.zeros_like(conditional))
+    chosen = LookupChains(tokens=proposed.tokens, lengths=lengths, match_lens=proposed.match_lens,
+                          conditional=conditional, explored=proposed.explored, kinds=proposed.kinds,
+                          sources=proposed.sources)
+    return chosen if block is None else chosen.clipped(max(block, int(lengths.max())))

@@ -47,6 +47,21 @@ class LookupChains:
     def rows(self) -> torch.Tensor:
         return self.lengths > 0
 
+    @property
+    def width(self) -> int:
+        """Chain positions each row holds (γ, or more where chains past the draft's block were proposed)."""
+        return int(self.tokens.shape[-1])
+
+    def clipped(self, width: int) -> "LookupChains":
+        """These chains cut to their first ``width`` tokens (themselves when no wider)."""
+        if self.width <= width:
+            return self
+        lengths = torch.clamp(self.lengths, max=width)
+        return LookupChains(tokens=self.tokens[:, :width], lengths=lengths,
+                            match_lens=torch.where(lengths > 0, self.match_lens, 0),
+                            conditional=self.conditional[:, :width], explored=self.explored, kinds=self.kinds,
+                            sources=self.sources)
+
 
 @dataclass(frozen=True)
 class StepPlan:
@@ -95,6 +110,11 @@ class StepPlan:
         ``plain_ok``, known when the step launches; :meth:`decided`)."""
         return StepPlan.decided(self.decision, compact_ok=compact_ok, plain_ok=plain_ok, lookup=self.lookup,
                                 overlap_given_up=self.overlap_given_up) if self.decision is not None else self
+
+    def verifies_past(self, block: int) -> bool:
+        """Whether this step verifies a chain longer than ``block`` (γ) tokens: a step without the draft whose chains
+        are wider than the draft's block (engine/long_chain_step.py runs it)."""
+        return not self.draft and self.lookup is not None and self.lookup.width > block
 
     @property
     def kind(self) -> str:

@@ -29,6 +29,13 @@ token, first two tokens (joint), first three tokens (joint), Pearson chi-square 
 categories pooled (``sglang_dspark/testing/exactness.py``). Threshold: family-wise alpha = 1e-3, Bonferroni over
 every (case, statistic) pair: a pair passes when p > 1e-3 / (3 x 6 cases) = 5.6e-5.
 
+**Chains past the draft's block** (``engine/long_chain_step.py``; the CPU runs them): the forced servers verify every
+proposal in full, up to 31 tokens, so the greedy runs check long chains too (asserted: some row verified more than
+the block). Sampled: ``LONG_CONFIG``, the T = 1 echo prompt with 16 tokens, N = 2000: at least 0.2 N first verifies
+check more chain tokens than the block (0.15 N; 0.24 N seen); statistics deep in the completion, each against no-spec's: the token at
+positions 8 and 14, and the "copied run" (how many tokens after the first copy the prompt's own lookup proposal),
+in the same Bonferroni family. The biased control, sampled on it too, must fail the copied run.
+
 **Why the test has power.** The control is the forced + paused server with ``sglang_dspark/testing/biased_accept.py``
 installed: our CPU chain sampler (B7) gets all-zero acceptance coins, i.e. accepts every proposed token the target
 gives any probability instead of with probability ``min(1, p/q) = p(x)``. The lookup's verify reaches that sampler:
@@ -52,7 +59,7 @@ import pytest
 
 from sglang_dspark.lookup.index import brute_force_proposal
 from sglang_dspark.testing.biased_accept import control_env
-from sglang_dspark.testing.exactness import STATISTICS, Sample, compare, sample_completions
+from sglang_dspark.testing.exactness import STATISTICS, Sample, compare, homogeneity_test, sample_completions
 from sglang_dspark.testing.helpers import PROMPTS, dspark_args
 
 pytestmark = pytest.mark.server
@@ -91,11 +98,37 @@ CONFIGS = {
     "min_p=0.1": ("lambda x:", {**_BASE, "min_p": 0.1}),
     "T=0.8,top_p=0.9": ("except KeyError:", {**_BASE, "temperature": 0.8, "top_p": 0.9}),
 }
+# Chains past the draft's block (engine/long_chain_step.py): 16 tokens, so the first verify can copy 14 of them.
+LONG_CONFIG = "T=1, 16 tokens"
+LONG_NEW_TOKENS = 16
+CONFIGS[LONG_CONFIG] = ("@property\ndef name(self):", {**_BASE, "max_new_tokens": LONG_NEW_TOKENS})
+MIN_LONG_ROWS = 0.15  # of N: completions whose first verify checked more chain tokens than the block
+# Requests a batch: long chains take free KV slots beyond the batch's next reservation (reserve_chain_kv), which 500
+# requests of ~48 tokens in 8192 slots do not leave.
+LONG_CHUNK = 100
 # The alternate server's share: the drafted steps' lookup rows (point-mass q beside the draft's q).
 ALTERNATE_CONFIGS = ("T=1", "top_k=8")
 SAMPLED_CASES = [("forced", name) for name in CONFIGS] + [("alternate", name) for name in ALTERNATE_CONFIGS]
-ALPHA = ALPHA_FAMILY / (len(SAMPLED_CASES) * len(STATISTICS))
 CONTROL_CONFIG = "T=1"
+
+
+def copied_run(prompt: list[int]):
+    """A completion's run of tokens after the first that copy the prompt's own lookup proposal (what followed the
+    latest earlier occurrence of its tail): the statistic a chain verify acts on most directly."""
+    def statistic(ids: tuple) -> int:
+        proposal = brute_force_proposal([*prompt, ids[0]], LONG_NEW_TOKENS)
+        tokens = () if proposal is None else proposal.tokens
+        return next((i for i, (x, y) in enumerate(zip(ids[1:], tokens)) if x != y), min(len(ids) - 1, len(tokens)))
+    return statistic
+
+
+# Statistics of the long case, deep in the completion (prompt-specific ones take the prompt).
+LONG_STATISTICS = {
+    "copied run": copied_run,
+    "token 8": lambda prompt: (lambda ids: ids[7]),
+    "token 14": lambda prompt: (lambda ids: ids[13]),
+}
+ALPHA = ALPHA_FAMILY / (len(SAMPLED_CASES) * len(STATISTICS) + len(LONG_STATISTICS))
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -113,7 +146,16 @@ def counter_delta(after: dict, before: dict) -> dict:
         **{source: {k: after[source][k] - before[source][k] for k in ("rows", "verified", "accepted")}
            for source in ("lookup", "draft", "shared") if "rows" in after[source]},
         "overlap_given_up_steps": after["overlap_given_up_steps"] - before["overlap_given_up_steps"],
+        # Lookup rows by chain tokens verified, this traffic only: {length: rows}.
+        "verified_lengths": {int(k): v - before["lookup"]["verified_lengths"].get(k, 0)
+                             for k, v in after["lookup"]["verified_lengths"].items()
+                             if v > before["lookup"]["verified_lengths"].get(k, 0)},
     }
+
+
+def block_of(results) -> int:
+    """The draft's block γ of the server these results came from (its verify width less the anchor)."""
+    return int(results["server_args"]["speculative_num_draft_tokens"]) - 1
 
 
 def generate_ids(server, input_ids: list[int], params: dict) -> list[int]:
@@ -195,9 +237,11 @@ def _collect(server, prompts: dict, sampled=CONFIGS) -> dict:
             f"greedy bs{concurrency}", lambda c=concurrency: greedy_outputs(server, prompts["greedy"], c))
     for name in sampled:
         results["samples"][name] = counted(
-            name, lambda name=name: sample_ids(server, prompts["sampled"][name], CONFIGS[name][1], N))
+            name, lambda name=name: sample_ids(server, prompts["sampled"][name], CONFIGS[name][1], N,
+                                               chunk=LONG_CHUNK if name == LONG_CONFIG else 500))
     if speculative:
         results["lookup"] = lookup_info(server)
+        results["server_args"] = server.get("/server_info").json()
     return results
 
 
@@ -242,7 +286,7 @@ def biased(tiny_pair, launch, nospec, forced, tmp_path_factory):
     with launch(tiny_pair.target_dir, dspark_args(tiny_pair.draft_dir), env=env,
                 max_total_tokens=MAX_TOTAL_TOKENS, timeout=START_TIMEOUT) as server:
         prompts = {"greedy": [], "sampled": nospec["prompts"]["sampled"]}
-        return _collect(server, prompts, sampled=(CONTROL_CONFIG,))
+        return _collect(server, prompts, sampled=(CONTROL_CONFIG, LONG_CONFIG))
 
 
 # ---------------------------------------------------------------------------------------------------- greedy
@@ -271,8 +315,9 @@ def test_forced_lookup_greedy_equals_nospec(mode, concurrency, nospec, request, 
         # Rows were anchored by the scheduler's launch facts and committed lengths (the path fa3's overlap scheduler
         # takes, engine/lookup_source.current_rows): batches waited for current tokens, and those are what proposed.
         assert counters["overlap_given_up_steps"] > 0, counters
-    if mode == "forced":  # and no draft at all
+    if mode == "forced":  # and no draft at all; chains past the draft's block verified too (the CPU runs them)
         assert steps["drafted"] == steps["mixed"] == 0 and counters["draft"]["rows"] == 0, counters
+        assert max(counters["verified_lengths"]) > block_of(ours), counters
 
 
 def test_alternate_mixes_lookup_rows_into_drafted_steps(alternate):
@@ -349,3 +394,40 @@ def test_biased_control_is_rejected(nospec, forced, biased):
     print(_report(f"[control {CONTROL_CONFIG}] lookup rows only", rows))
     assert rows["first two tokens"].p_value < ALPHA, _report("control not rejected on the lookup rows", rows)
     assert rows["first three tokens"].p_value < ALPHA, _report("control not rejected on the lookup rows", rows)
+
+
+# ---------------------------------------------------------------------------------------------------- long chains
+
+
+def _long_compare(prompt, ours: Sample, reference: Sample) -> dict:
+    return {name: homogeneity_test([make(prompt)(ids) for ids in ours.ids],
+                                   [make(prompt)(ids) for ids in reference.ids])
+            for name, make in LONG_STATISTICS.items()}
+
+
+def test_forced_long_chains_sampled_output_follows_nospec(nospec, forced):
+    """Chains past the draft's block, sampled at T = 1: the first verify of most completions checks more chain
+    tokens than the block holds (up to 14 here), and the deep tokens and the copied run follow no-spec's law."""
+    prompt = nospec["prompts"]["sampled"][LONG_CONFIG]
+    ours, reference = forced["samples"][LONG_CONFIG], nospec["samples"][LONG_CONFIG]
+    counters = forced["counters"][LONG_CONFIG]
+    block = block_of(forced)
+    long_rows = sum(rows for length, rows in counters["verified_lengths"].items() if length > block)
+    print(f"[forced {LONG_CONFIG}] block {block}, rows verifying more: {long_rows}; server: {counters}")
+    assert long_rows >= MIN_LONG_ROWS * N, counters
+    lookup = counters["lookup"]
+    assert 0 < lookup["accepted"] < lookup["verified"], counters
+    results = _long_compare(prompt, ours, reference)
+    print(_report(f"[forced {LONG_CONFIG}] long chains vs no-spec (alpha per test {ALPHA:.2g})", results))
+    failed = {stat: result for stat, result in results.items() if not result.p_value > ALPHA}
+    assert not failed, _report(f"{LONG_CONFIG}: DSPARK with long chains differs from no-spec", failed)
+
+
+def test_biased_control_is_rejected_on_long_chains(nospec, biased):
+    """The long statistics catch a long-chain verify without the ratio test (power of the test above)."""
+    prompt = nospec["prompts"]["sampled"][LONG_CONFIG]
+    control, reference = biased["samples"][LONG_CONFIG], nospec["samples"][LONG_CONFIG]
+    print(f"[control {LONG_CONFIG}] biased server: {biased['counters'][LONG_CONFIG]}")
+    results = _long_compare(prompt, control, reference)
+    print(_report(f"[control {LONG_CONFIG}] biased long chains vs no-spec", results))
+    assert results["copied run"].p_value < ALPHA, _report("control not rejected", results)

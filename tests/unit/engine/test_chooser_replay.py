@@ -136,7 +136,8 @@ def _new_planner(costs):
     lookup = SimpleNamespace(proposals=None, forced=False, config=SimpleNamespace(chain_min_gain=0.05),
                              chosen=lambda plan, num_requests, cost: None)
     lookup.propose = lambda batch: lookup.proposals
-    planner = SimpleNamespace(lookup=lookup, draft=DraftSource(SurvivalPrior(), DraftGate()), step_costs=costs)
+    planner = SimpleNamespace(lookup=lookup, draft=DraftSource(SurvivalPrior(), DraftGate()), step_costs=costs,
+                              gamma=GAMMA, long_chain_ok=None)
     return planner, lambda batch, survival, **paths: AdmissionVerifyPlanner._choose(planner, batch, survival, **paths)
 
 

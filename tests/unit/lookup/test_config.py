@@ -28,7 +28,7 @@ OLD_VALUES = {
     "ece_bins": 10, "temperature_bands": (0.5, 1.0),
     "overlap_patience": 16, "saving_rate": 0.125,
     "gap_prior_seconds": 1e-3, "gap_prior_seconds_per_request": 25e-6, "gap_min_samples": 8, "gap_rate": 0.1,
-    "chain_min_gain": 0.05, "shared_capacity_tokens": 65536, "shared_tokens_per_call": 1024,
+    "chain_min_gain": 0.05, "shared_capacity_tokens": 65536, "shared_tokens_per_call": 1024, "max_chain_tokens": 31,
 }
 
 

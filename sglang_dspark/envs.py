@@ -111,6 +111,13 @@ SHARED_LOOKUP = Switch(
     "each request proposes from its own context only. Exact either way; timing tells (docs/lookup.md)",
     ("key", "server", "off"),
 )
+LONG_CHAINS = Switch(
+    "SGLANG_DSPARK_LONG_CHAINS", "on",
+    "lookup chains past the draft's block: on (default): where the target runs eager on the host (the CPU platform), "
+    "a step without the draft may verify chains up to 31 tokens (sglang_dspark/engine/long_chain_step.py); off: "
+    "every chain stops at the draft's block (to compare)",
+    ("on", "off"),
+)
 CPU_PLATFORM = Switch(
     "SGLANG_DSPARK_CPU_PLATFORM", "1",
     "1 (default): activate the CPU platform when SGLang runs on the CPU; 0: never activate it",
@@ -145,7 +152,7 @@ STANDIN_TRACE = Switch(
 
 SWITCHES: tuple[Switch, ...] = (
     ADMISSION, WORKER, DRAFT_GATE, PLAIN_STEP, PAUSE_KV, HOT_VOCAB, RAGGED_SELF_CHECK, OVERLAP_PENALTIES, LOOKUP,
-    SHARED_LOOKUP, CPU_PLATFORM,
+    SHARED_LOOKUP, LONG_CHAINS, CPU_PLATFORM,
     CPU_MARKOV_STEP, CPU_LINEAR, CACHE, GATE_TRACE, STANDIN_TRACE,
 )
 

@@ -485,10 +485,17 @@ def lookup_note(raw: Any, facts: EngineFacts, decision: VerifyModeDecision, gamm
         where += (" (the step's token tier widened to the chains), its lengths and tokens copied to the device "
                   "pinned and without blocking; a drafted step with lookup rows takes the eager accept")
     where += f"; {overlap}"
+    shared = envs.SHARED_LOOKUP.get()
+    source = ("its own prompt + output" if shared == "off" else "its own prompt + output or the shared suffix cache "
+              f"of finished requests ({envs.SHARED_LOOKUP.name}={shared})")
+    length = (f"up to {config.max_chain_tokens} tokens on a step without the draft (chains past the draft's block: "
+              f"the target runs eager on the host), else γ = {gamma}" if facts.device == "cpu" else
+              f"up to γ = {gamma} tokens (chains past the block need the eager host path; CUDA graphs are captured "
+              "γ + 1 wide)")
     return (f"{'forced (every proposal verified in full)' if mode == 'forced' else 'on'}: per request and step, the "
-            f"continuation of the longest recent match ({config.min_ngram}..{config.max_ngram} tokens) of its tail in its own prompt + output, up to "
-            f"γ = {gamma} tokens, verified when its learned acceptance (per match length and sampling class) × step "
-            f"speed beats the step without it by {config.chain_min_gain:.0%}; the draft "
+            f"continuation of the longest recent match ({config.min_ngram}..{config.max_ngram} tokens) of its tail in "
+            f"{source}, {length}, verified when its learned acceptance (per source, match length and sampling class) "
+            f"× step speed beats the step without it by {config.chain_min_gain:.0%}; the draft "
             f"runs only where it pays on the requests without a proposal; {where}")
 
 

@@ -50,6 +50,7 @@ from sglang.srt.speculative.dspark_components.dspark_draft import (
 from sglang.srt.speculative.dspark_components.dspark_planner import alloc_verify_window
 from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
 
+from sglang_dspark import envs
 from sglang_dspark.engine.plain_step.anchor_only_verify import compact_anchor_step_eligible
 from sglang_dspark.engine.to_device import to_device
 from sglang_dspark.scheduling.step_plan import StepPlan
@@ -57,6 +58,8 @@ from sglang_dspark.scheduling.step_plan import StepPlan
 
 def long_chains_blocker(worker) -> Optional[str]:
     """Why this server cannot verify chains past the draft's block (None: it can; module docstring, "Where")."""
+    if envs.LONG_CHAINS.get() == "off":
+        return f"{envs.LONG_CHAINS.name}=off"
     runner = worker.target_worker.model_runner
     if not str(getattr(runner, "device", "")).startswith("cpu"):
         return "the target is not on the host (its previous forward may still read the KV map at plan time)"
@@ -125,7 +128,8 @@ def reserve_chain_kv(batch, plan: StepPlan, block: int) -> StepPlan:
     width = max(block, int(cut.max()))
     conditional = torch.where(torch.arange(chains.width) < cut[:, None], chains.conditional, 0.0)
     shortened = type(chains)(tokens=chains.tokens, lengths=cut, match_lens=chains.match_lens, conditional=conditional,
-                             explored=chains.explored, kinds=chains.kinds, sources=chains.sources).clipped(width)
+                             explored=chains.explored, kinds=chains.kinds, sources=chains.sources,
+                             rids=chains.rids).clipped(width)
     return StepPlan(draft=False, decision=plan.decision, lookup=shortened, overlap_given_up=plan.overlap_given_up)
 
 

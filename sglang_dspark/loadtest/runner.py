@@ -67,7 +67,7 @@ MAX_CONCURRENCY = 1024
 MAX_LEVELS = 16
 MAX_PROMPTS_PER_LEVEL = 4096
 CONFIG_NAMES = ("no-spec", "no-spec-control", "dspark", "dspark-baseline-draft", "dspark-verify-all", "dspark-gate-off",
-                "dspark-no-lookup", "dspark-no-shared", "dspark-upstream", "ngram")
+                "dspark-no-lookup", "dspark-no-shared", "dspark-block-chains", "dspark-upstream", "ngram")
 DEFAULT_CONFIGS = ("no-spec", "dspark", "dspark-verify-all", "dspark-upstream", "ngram")
 # The built-in sets whose prompts carry a passage the answer copies from: their levels get ``output_overlap``.
 PASSAGE_DATASETS = ("grounded", "grounded-recurring", "code-edit")
@@ -122,6 +122,10 @@ def launch_configs(names: list[str], draft: str | None, ngram_draft_tokens: int 
         # Our worker, each request's own context only (no shared suffix cache): what sharing gains or costs.
         "dspark-no-shared": ServerConfig(
             "dspark-no-shared", "DSPARK without shared cache", draft_args, {"SGLANG_DSPARK_SHARED_LOOKUP": "off"}
+        ),
+        # Our worker with every lookup chain stopping at the draft's block: what chains past it gain or cost.
+        "dspark-block-chains": ServerConfig(
+            "dspark-block-chains", "DSPARK, chains within the block", draft_args, {"SGLANG_DSPARK_LONG_CHAINS": "off"}
         ),
         "dspark-upstream": ServerConfig(
             "dspark-upstream", "DSPARK upstream static", draft_args, {"SGLANG_DSPARK_WORKER": "upstream"}

@@ -3,7 +3,8 @@
 A lookup proposal carries no model confidence, so its acceptance is estimated from what verifies told us: the
 conditional acceptance of position j (j-th proposed token, given the ones before it were accepted), per source (the
 request's own context, :data:`OWN`, or the shared suffix cache, :data:`SHARED`: another request's text predicts
-differently), match-length bucket and sampling class, as a Beta posterior mean ``(accepted + a) / (tried + a + b)``. The sampling class
+differently; each split by whether the request's previous chain was accepted in full, :data:`IN_RUN`: a copy under
+way), match-length bucket and sampling class, as a Beta posterior mean ``(accepted + a) / (tried + a + b)``. The sampling class
 (:func:`sampling_class`: greedy, or the temperature's band) keeps apart what the verify's rule makes different: a
 greedy row accepts a token that is the target's argmax, a sampled row with probability ``p(x)``, lower the hotter it
 samples; one estimate for both would over-promise to sampled rows what greedy rows got, and under-promise the
@@ -11,8 +12,9 @@ reverse. A verify of ``proposed`` tokens that accepted ``accepted`` of them says
 position ``accepted`` rejected (if proposed), later positions untried. ``survival`` is the cumulative product, the
 same quantity the capacity search reads for the draft, so both sources compete under one objective. :meth:`ece`
 reports the expected calibration error of the estimates it handed out, against what verify then did. Positions past
-the tracked ones (a chain longer than the draft's block) share one rate per bucket, their counts pooled with the
-last tracked position's: once a copy runs that far, each next token is about as likely as the last.
+the tracked ones (a chain longer than the draft's block) share one rate per bucket: its own counts over a prior of
+the prior's weight centred on the last tracked position's mean, so it starts there and follows what long chains do
+(a copy that ran that far tends to go on: deep positions are accepted more often than the block's last).
 
 The scheduler plans with the mean, so its choices rest on calibrated estimates, and explores: one step with
 proposals in ``explore_every`` plans with :meth:`optimistic`, the mean plus ``optimism`` posterior standard deviations
@@ -36,7 +38,14 @@ from sglang_dspark.lookup.config import DEFAULT, LookupConfig
 
 GREEDY = 0
 OWN, SHARED = 0, 1  # proposal sources: the request's own context, the shared suffix cache (lookup/shared_index.py)
-SOURCES = 2
+# Added to the source where the request's previous verified chain was accepted in full: a copy under way goes on far
+# more often than a fresh match starts, and the chooser should know which rows are in one.
+IN_RUN = 2
+SOURCES = 4
+
+
+def source_of(shared: bool, in_run: bool) -> int:
+    return (SHARED if shared else OWN) + (IN_RUN if in_run else 0)
 
 
 def sampling_class(temperature: float, top_k: int, bands: tuple[float, ...] = DEFAULT.temperature_bands) -> int:
@@ -99,22 +108,33 @@ class LookupCalibration:
         return self._estimate(match_len, num_tokens, self.config.optimism if explore else 0.0, kind, source)
 
     def _estimate(self, match_len: int, num_tokens: int, optimism: float, kind: int, source: int) -> torch.Tensor:
-        k = min(int(num_tokens), self.max_tokens)
-        row = self._bucket(match_len, source)
-        a, b = self.config.acceptance_prior
-        alpha = self.accepted[kind, row, :k] + a
-        total = self.tried[kind, row, :k] + a + b
-        if k < num_tokens:  # past what is tracked: one rate, the tail's counts pooled with the last position's
-            last = self.max_tokens - 1
-            tail_alpha = self.accepted[kind, row, last] + self.tail_accepted[kind, row] + a
-            tail_total = self.tried[kind, row, last] + self.tail_tried[kind, row] + a + b
-            alpha = torch.cat([alpha, tail_alpha.reshape(1).expand(int(num_tokens) - k)])
-            total = torch.cat([total, tail_total.reshape(1).expand(int(num_tokens) - k)])
+        alpha, total = self._posterior(match_len, int(num_tokens), kind, source)
         estimate = alpha / total
         if optimism > 0:
             spread = torch.sqrt(estimate * (1.0 - estimate) / (total + 1.0))  # the Beta posterior's deviation
             estimate = torch.clamp(estimate + optimism * spread, max=1.0)
         return estimate
+
+    def _posterior(self, match_len: int, num_tokens: int, kind: int, source: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(alpha, alpha + beta)`` of each position's Beta posterior. A source's counts sit on the prior
+        (``acceptance_prior``), except in a copy run (``IN_RUN``), whose counts sit on a prior of the same weight at
+        the fresh source's mean: it starts where that source stands and moves with what runs do. Positions past the
+        tracked ones share the tail's counts, over a prior of that weight at the last tracked position's mean."""
+        k = min(num_tokens, self.max_tokens)
+        row = self._bucket(match_len, source)
+        a, b = self.config.acceptance_prior
+        accepted, tried = self.accepted[kind, row, :k], self.tried[kind, row, :k]
+        if source >= IN_RUN:
+            base_alpha, base_total = self._posterior(match_len, k, kind, source - IN_RUN)
+            alpha, total = accepted + (a + b) * base_alpha / base_total, tried + a + b
+        else:
+            alpha, total = accepted + a, tried + a + b
+        if k < num_tokens:
+            tail_alpha = self.tail_accepted[kind, row] + (a + b) * alpha[k - 1] / total[k - 1]
+            tail_total = self.tail_tried[kind, row] + a + b
+            alpha = torch.cat([alpha, tail_alpha.reshape(1).expand(num_tokens - k)])
+            total = torch.cat([total, tail_total.reshape(1).expand(num_tokens - k)])
+        return alpha, total
 
     def survival(self, match_len: int, num_tokens: int, kind: int = GREEDY, source: int = OWN) -> torch.Tensor:
         """``[num_tokens]`` P(positions 0..j all accepted)."""
@@ -149,4 +169,4 @@ class LookupCalibration:
         return float(gaps.sum() / total)
 
 
-__all__ = ["GREEDY", "OWN", "SHARED", "SOURCES", "LookupCalibration", "sampling_class"]
+__all__ = ["GREEDY", "IN_RUN", "OWN", "SHARED", "SOURCES", "LookupCalibration", "sampling_class", "source_of"]

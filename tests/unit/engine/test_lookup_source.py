@@ -407,3 +407,16 @@ def test_the_shared_cache_proposes_from_a_finished_request_and_learns_apart(monk
     alone = LookupSource.from_env(GAMMA)
     alone.propose(_batch([first]))
     assert alone.propose(_batch([later])) is None and alone.summary()["shared"] == {"scope": "off"}
+
+
+def test_where_long_chains_run_proposals_go_past_the_block():
+    """A server that runs chains past the draft's block (engine/long_chain_step.py) proposes up to max_chain_tokens;
+    elsewhere proposals stop at γ."""
+    text = list(range(100, 140))
+    req = _req("long", text + [1, 2] + text[:3], [])
+    req.output_ids = [text[3]]  # the anchor: the tail (..., 101, 102, 103) recurs at the start
+    long = LookupSource(GAMMA, long_chains=True).propose(_batch([req]))
+    assert long.width == 31 and long.lengths.tolist() == [31] and long.tokens[0, :3].tolist() == [104, 105, 106]
+    assert (long.conditional[0] > 0).all()
+    short = LookupSource(GAMMA).propose(_batch([req]))
+    assert short.width == GAMMA and short.lengths.tolist() == [GAMMA]

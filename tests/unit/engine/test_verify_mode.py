@@ -849,6 +849,9 @@ def test_explain_shows_where_prompt_lookup_runs(draft, clean_env, monkeypatch):
     assert "always current" in sync and "waits for the previous result" not in sync
     cpu = explain(_argv(draft()), "cpu", None)["prompt_lookup"]
     assert "costs no device time" in cpu
+    # Issue #48: chains past the draft's block on the host's eager path only; the shared cache and its scope.
+    assert "up to 31 tokens on a step without the draft" in cpu and "chains past the block need" in single["prompt_lookup"]
+    assert "shared suffix cache of finished requests (SGLANG_DSPARK_SHARED_LOOKUP=key)" in cpu
     tp = explain(_argv(draft(), "--tp-size", "2"), None, "H100")
     assert tp["prompt_lookup"].startswith("off: the draft gate is off where ranks must agree")
     static = explain(_argv(draft()), None, "A100", ragged_self_check="fail")

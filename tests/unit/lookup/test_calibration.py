@@ -114,3 +114,38 @@ def test_sampling_classes_learn_apart():
     assert float(calibration.conditional(4, 1, GREEDY)) > 0.98
     assert abs(float(calibration.conditional(4, 1, warm)) - 0.5) < 0.02
     assert float(calibration.conditional(4, 1, sampling_class(0.3, top_k=-1))) == 0.5  # Beta(1, 1)
+
+
+def test_positions_past_the_tracked_ones_share_one_pooled_rate():
+    """A chain longer than the tracked positions (the draft's block) teaches one tail count per bucket; positions
+    past the tracked ones read it over a prior at the last tracked position's mean, and nothing else changes."""
+    calibration = LookupCalibration(max_tokens=4)
+    before = calibration.conditional(6, 4).clone()
+    assert torch.equal(calibration.conditional(6, 7)[4:], torch.full((3,), 0.5, dtype=torch.float64))
+    calibration.observe(6, proposed=12, accepted=10)  # positions 0..9 accepted, 10 rejected, 11 untried
+    assert calibration.tail_tried[0, 3] == 7 and calibration.tail_accepted[0, 3] == 6  # positions 4..10
+    assert torch.equal(calibration.tried[0, 3], torch.ones(4, dtype=torch.float64))
+    tail = calibration.conditional(6, 12)[4:]
+    # The tail's 6 of 7 over a prior of weight 2 at the last tracked position's mean (1 of 1: 2/3): (6 + 4/3) / 9.
+    assert torch.allclose(tail, torch.full((8,), (6 + 4 / 3) / 9, dtype=torch.float64))
+    assert not torch.equal(calibration.conditional(6, 4), before)  # the tracked positions learned as before
+    assert calibration.tail_tried[0, :3].sum() == 0 and calibration.tail_tried[:, 4:].sum() == 0
+
+
+def test_a_copy_run_starts_at_the_fresh_estimate_and_learns_apart():
+    """Rows whose previous chain was accepted in full (IN_RUN) plan on their own counts over a prior at the fresh
+    source's mean: without counts they read exactly the fresh estimate, and what runs do moves them alone."""
+    from sglang_dspark.lookup.calibration import IN_RUN, OWN, SHARED
+
+    calibration = LookupCalibration(max_tokens=4)
+    for _ in range(6):
+        calibration.observe(6, proposed=4, accepted=1)  # fresh matches: position 0 accepted, 1 rejected
+    fresh = calibration.conditional(6, 6, source=OWN)
+    assert torch.allclose(calibration.conditional(6, 6, source=OWN + IN_RUN), fresh)
+    for _ in range(6):
+        calibration.observe(6, proposed=4, accepted=4, source=OWN + IN_RUN)
+    run = calibration.conditional(6, 6, source=OWN + IN_RUN)
+    assert (run > fresh).all() and torch.equal(calibration.conditional(6, 6, source=OWN), fresh)
+    # Position 1: the fresh mean (1 / 8) as a prior of weight 2, then 6 of 6: (6 + 2/8) / 8.
+    assert float(run[1]) == pytest.approx((6 + 2 / 8) / 8)
+    assert torch.equal(calibration.conditional(6, 6, source=SHARED + IN_RUN), calibration.conditional(6, 6, source=SHARED))

@@ -260,3 +260,51 @@ def test_forced_lookup_verifies_every_proposed_token_even_where_it_cannot_pay():
     assert plan.lookup.lengths.tolist() == [3, 0]
     assert choose_step(_facts(_pause(), lookup=_chains([3, 0], [[0.2, 0.2, 0.2, 0.0], NO_CHAIN]),
                               cost_undrafted=costly)).lookup is None
+
+
+def test_a_step_without_the_draft_verifies_chains_past_the_block_only_where_allowed():
+    """Proposals 10 wide, a block of 4: a step without the draft may verify past the block where the batch allows
+    it (``long_chains``); the chosen chains are then as wide as the longest, else cut to the block (and a step with
+    no long row stays the block wide, the ordinary verify's width)."""
+    from sglang_dspark.scheduling.step_choice import choose_step
+
+    sure = [[0.97] * 10, [0.97] * 3 + [0.0] * 7]
+    proposals = _chains([10, 3], sure, gamma=10)
+    long = choose_step(_facts(_pause(), proposals, block=4, long_chains=True))
+    assert long.lookup.lengths.tolist() == [10, 3] and long.lookup.width == 10
+    assert long.verifies_past(4) and not long.draft
+    assert (long.lookup.conditional[1, 3:] == 0).all()
+    short = choose_step(_facts(_pause(), proposals, block=4, long_chains=False))
+    assert short.lookup.lengths.tolist() == [4, 3] and short.lookup.width == 4 and not short.verifies_past(4)
+    within = choose_step(_facts(_pause(), _chains([3, 3], [[0.97] * 3 + [0.0] * 7] * 2, gamma=10), block=4,
+                                long_chains=True))
+    assert within.lookup.width == 4 and not within.verifies_past(4)
+
+
+def test_a_drafted_step_never_verifies_past_the_block():
+    from sglang_dspark.scheduling.step_choice import choose_step
+
+    proposals = _chains([10, 0], [[0.97] * 10, [0.0] * 10], gamma=10)
+    plan = choose_step(_facts(_pays(), proposals, survival=[[0.9] * 4, [0.9] * 4], block=4, long_chains=True,
+                              weigh_draft=False))
+    assert plan.draft and plan.lookup.width == 4 and plan.lookup.lengths.tolist() == [4, 0]
+
+
+def test_the_draft_is_weighed_against_the_long_chains_it_would_replace():
+    """Beside a long chain the alternative to drafting verifies the whole chain: with long chains allowed the drafted
+    step loses to it where, cut to the block, it would have won."""
+    from sglang_dspark.scheduling.step_choice import draft_pays_beside_lookup
+
+    conditional = torch.tensor([[0.99] * 12, [0.0] * 12], dtype=torch.float64)
+    draft = torch.tensor([[0.0] * 4, [0.99, 0.99, 0.99, 0.99]], dtype=torch.float64)
+    drafted, undrafted = _LinearCost(0.012, 0.001), _LinearCost(0.010, 0.001)
+    assert draft_pays_beside_lookup(conditional[:, :4], draft, drafted, undrafted, 0.05)
+    assert not draft_pays_beside_lookup(conditional[:, :4], draft, drafted, undrafted, 0.05,
+                                        undrafted_conditional=conditional)
+
+
+def test_chains_clip_to_a_width():
+    chains = _chains([10, 3], [[0.9] * 10, [0.9] * 3 + [0.0] * 7], gamma=10)
+    cut = chains.clipped(4)
+    assert cut.width == 4 and cut.lengths.tolist() == [4, 3] and cut.total == 7
+    assert chains.clipped(10) is chains and chains.clipped(12) is chains

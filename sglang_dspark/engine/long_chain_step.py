@@ -128,8 +128,8 @@ def reserve_chain_kv(batch, plan: StepPlan, block: int) -> StepPlan:
     width = max(block, int(cut.max()))
     conditional = torch.where(torch.arange(chains.width) < cut[:, None], chains.conditional, 0.0)
     shortened = type(chains)(tokens=chains.tokens, lengths=cut, match_lens=chains.match_lens, conditional=conditional,
-                             explored=chains.explored, kinds=chains.kinds, sources=chains.sources,
-                             rids=chains.rids).clipped(width)
+                             explored=chains.explored, kinds=chains.kinds,
+                             sources=chains.sources).clipped(width)
     return StepPlan(draft=False, decision=plan.decision, lookup=shortened, overlap_given_up=plan.overlap_given_up)
 
 

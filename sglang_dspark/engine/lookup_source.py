@@ -30,7 +30,7 @@ import torch
 
 from sglang_dspark import envs
 from sglang_dspark.lookup.book import LookupBook, key_scope, server_scope
-from sglang_dspark.lookup.calibration import GREEDY, IN_RUN, OWN, SHARED, LookupCalibration
+from sglang_dspark.lookup.calibration import GREEDY, OWN, SHARED, LookupCalibration
 from sglang_dspark.lookup.config import DEFAULT, LookupConfig
 from sglang_dspark.lookup.shared_index import SharedIndices
 from sglang_dspark.profiler.overlap_gap import OverlapGap
@@ -110,8 +110,6 @@ class LookupSource:
         self.proposals = 0  # rows with a proposal, over all planned steps
         self.chain_lengths: collections.Counter = collections.Counter()  # (verified, accepted) chain tokens per row
         self.planned_steps = 0
-        # Per request: whether its previous verified chain was accepted in full (a copy under way; calibration.IN_RUN).
-        self._in_run: dict[str, bool] = {}
         self.proposal_steps = 0  # planned steps with a proposal: every ``explore_every``-th explores
         self.plan_seconds = 0.0  # host time of propose() over all steps (the lookup's cost per step)
 
@@ -169,18 +167,14 @@ class LookupSource:
             return None
         self.proposals += int((proposals.lengths > 0).sum())
         self.shared_proposals += int(((proposals.lengths > 0) & (proposals.sources == SHARED)).sum())
-        self._in_run = {req.rid: self._in_run[req.rid] for req in reqs if req.rid in self._in_run}
-        in_run = torch.tensor([self._in_run.get(req.rid, False) for req in reqs], dtype=torch.bool)
-        sources = proposals.sources + IN_RUN * (in_run & (proposals.lengths > 0)).to(proposals.sources.dtype)
         explore = self.calibration.explores(self.proposal_steps)
         self.proposal_steps += 1
         kinds = torch.tensor([_sampling_class(req, self.calibration) for req in reqs], dtype=torch.int64)
         conditional = lookup_conditionals(proposals.lengths, proposals.match_lens, self.max_chain,
                                           functools.partial(self.calibration.planning, explore=explore), kinds,
-                                          sources)
+                                          proposals.sources)
         return LookupChains(tokens=proposals.tokens, lengths=proposals.lengths, match_lens=proposals.match_lens,
-                            conditional=conditional, explored=explore, kinds=kinds, sources=sources,
-                            rids=tuple(req.rid for req in reqs))
+                            conditional=conditional, explored=explore, kinds=kinds, sources=proposals.sources)
 
     def chosen(self, plan: StepPlan, num_requests: int, cost) -> None:
         """The chooser's plan for a step this source proposed for: whether it verified chains, and their predicted
@@ -208,9 +202,7 @@ class LookupSource:
                 self.chain_lengths[(proposed, accepted)] += 1
                 kind = GREEDY if lookup.kinds is None else int(lookup.kinds[i])
                 source = OWN if lookup.sources is None else int(lookup.sources[i])
-                if lookup.rids is not None:  # the next chain of this request plans as in a copy run, or not
-                    self._in_run[lookup.rids[i]] = proposed > 0 and accepted == proposed
-                if source % IN_RUN == SHARED:
+                if source == SHARED:
                     self.shared_rows += 1
                     self.shared_verified += proposed
                     self.shared_accepted += accepted

@@ -3,8 +3,7 @@
 A lookup proposal carries no model confidence, so its acceptance is estimated from what verifies told us: the
 conditional acceptance of position j (j-th proposed token, given the ones before it were accepted), per source (the
 request's own context, :data:`OWN`, or the shared suffix cache, :data:`SHARED`: another request's text predicts
-differently; each split by whether the request's previous chain was accepted in full, :data:`IN_RUN`: a copy under
-way), match-length bucket and sampling class, as a Beta posterior mean ``(accepted + a) / (tried + a + b)``. The sampling class
+differently), match-length bucket and sampling class, as a Beta posterior mean ``(accepted + a) / (tried + a + b)``. The sampling class
 (:func:`sampling_class`: greedy, or the temperature's band) keeps apart what the verify's rule makes different: a
 greedy row accepts a token that is the target's argmax, a sampled row with probability ``p(x)``, lower the hotter it
 samples; one estimate for both would over-promise to sampled rows what greedy rows got, and under-promise the
@@ -38,14 +37,7 @@ from sglang_dspark.lookup.config import DEFAULT, LookupConfig
 
 GREEDY = 0
 OWN, SHARED = 0, 1  # proposal sources: the request's own context, the shared suffix cache (lookup/shared_index.py)
-# Added to the source where the request's previous verified chain was accepted in full: a copy under way goes on far
-# more often than a fresh match starts, and the chooser should know which rows are in one.
-IN_RUN = 2
-SOURCES = 4
-
-
-def source_of(shared: bool, in_run: bool) -> int:
-    return (SHARED if shared else OWN) + (IN_RUN if in_run else 0)
+SOURCES = 2
 
 
 def sampling_class(temperature: float, top_k: int, bands: tuple[float, ...] = DEFAULT.temperature_bands) -> int:
@@ -116,19 +108,14 @@ class LookupCalibration:
         return estimate
 
     def _posterior(self, match_len: int, num_tokens: int, kind: int, source: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(alpha, alpha + beta)`` of each position's Beta posterior. A source's counts sit on the prior
-        (``acceptance_prior``), except in a copy run (``IN_RUN``), whose counts sit on a prior of the same weight at
-        the fresh source's mean: it starts where that source stands and moves with what runs do. Positions past the
-        tracked ones share the tail's counts, over a prior of that weight at the last tracked position's mean."""
+        """``(alpha, alpha + beta)`` of each position's Beta posterior: its counts over the prior
+        (``acceptance_prior``); positions past the tracked ones share the tail's counts, over a prior of the same
+        weight at the last tracked position's mean."""
         k = min(num_tokens, self.max_tokens)
         row = self._bucket(match_len, source)
         a, b = self.config.acceptance_prior
-        accepted, tried = self.accepted[kind, row, :k], self.tried[kind, row, :k]
-        if source >= IN_RUN:
-            base_alpha, base_total = self._posterior(match_len, k, kind, source - IN_RUN)
-            alpha, total = accepted + (a + b) * base_alpha / base_total, tried + a + b
-        else:
-            alpha, total = accepted + a, tried + a + b
+        alpha = self.accepted[kind, row, :k] + a
+        total = self.tried[kind, row, :k] + a + b
         if k < num_tokens:
             tail_alpha = self.tail_accepted[kind, row] + (a + b) * alpha[k - 1] / total[k - 1]
             tail_total = self.tail_tried[kind, row] + a + b
@@ -169,4 +156,4 @@ class LookupCalibration:
         return float(gaps.sum() / total)
 
 
-__all__ = ["GREEDY", "IN_RUN", "OWN", "SHARED", "SOURCES", "LookupCalibration", "sampling_class", "source_of"]
+__all__ = ["GREEDY", "OWN", "SHARED", "SOURCES", "LookupCalibration", "sampling_class"]

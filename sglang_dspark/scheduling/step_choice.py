@@ -228,5 +228,5 @@ def choose_chains(proposed: LookupChains, *, drafted: bool, draft_survival: Opti
     conditional = torch.where(torch.arange(width) < lengths[:, None], conditional, torch.zeros_like(conditional))
     chosen = LookupChains(tokens=proposed.tokens, lengths=lengths, match_lens=proposed.match_lens,
                           conditional=conditional, explored=proposed.explored, kinds=proposed.kinds,
-                          sources=proposed.sources, rids=proposed.rids)
+                          sources=proposed.sources)
     return chosen if block is None else chosen.clipped(max(block, int(lengths.max())))

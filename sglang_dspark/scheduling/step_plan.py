@@ -28,9 +28,8 @@ class LookupChains:
     lookup matched; ``conditional [R, γ]``: acceptance estimates (``lookup/calibration.py``; in a plan, 0 past each
     row's length; a drafted step ranks them with the draft's confidences); ``explored``: the optimistic estimates of
     an exploring step, not the mean; ``kinds [R]``: each row's sampling class (None: all greedy); ``sources [R]``:
-    where each row's chain came from (``lookup/calibration.py``'s source codes; None: all own); ``rids``: the rows'
-    request ids (None: not known), for what the lookup learns per request. ``total``: Σ lengths, the chain tokens a
-    step verifies, summed once."""
+    where each row's chain came from (``lookup/calibration.py``'s OWN or SHARED; None: all own). ``total``: Σ
+    lengths, the chain tokens a step verifies, summed once."""
 
     tokens: torch.Tensor
     lengths: torch.Tensor
@@ -39,7 +38,6 @@ class LookupChains:
     explored: bool = False
     kinds: Optional[torch.Tensor] = None
     sources: Optional[torch.Tensor] = None
-    rids: Optional[tuple] = None
     total: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -62,7 +60,7 @@ class LookupChains:
         return LookupChains(tokens=self.tokens[:, :width], lengths=lengths,
                             match_lens=torch.where(lengths > 0, self.match_lens, 0),
                             conditional=self.conditional[:, :width], explored=self.explored, kinds=self.kinds,
-                            sources=self.sources, rids=self.rids)
+                            sources=self.sources)
 
 
 @dataclass(frozen=True)

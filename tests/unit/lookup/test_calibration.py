@@ -131,21 +131,3 @@ def test_positions_past_the_tracked_ones_share_one_pooled_rate():
     assert not torch.equal(calibration.conditional(6, 4), before)  # the tracked positions learned as before
     assert calibration.tail_tried[0, :3].sum() == 0 and calibration.tail_tried[:, 4:].sum() == 0
 
-
-def test_a_copy_run_starts_at_the_fresh_estimate_and_learns_apart():
-    """Rows whose previous chain was accepted in full (IN_RUN) plan on their own counts over a prior at the fresh
-    source's mean: without counts they read exactly the fresh estimate, and what runs do moves them alone."""
-    from sglang_dspark.lookup.calibration import IN_RUN, OWN, SHARED
-
-    calibration = LookupCalibration(max_tokens=4)
-    for _ in range(6):
-        calibration.observe(6, proposed=4, accepted=1)  # fresh matches: position 0 accepted, 1 rejected
-    fresh = calibration.conditional(6, 6, source=OWN)
-    assert torch.allclose(calibration.conditional(6, 6, source=OWN + IN_RUN), fresh)
-    for _ in range(6):
-        calibration.observe(6, proposed=4, accepted=4, source=OWN + IN_RUN)
-    run = calibration.conditional(6, 6, source=OWN + IN_RUN)
-    assert (run > fresh).all() and torch.equal(calibration.conditional(6, 6, source=OWN), fresh)
-    # Position 1: the fresh mean (1 / 8) as a prior of weight 2, then 6 of 6: (6 + 2/8) / 8.
-    assert float(run[1]) == pytest.approx((6 + 2 / 8) / 8)
-    assert torch.equal(calibration.conditional(6, 6, source=SHARED + IN_RUN), calibration.conditional(6, 6, source=SHARED))

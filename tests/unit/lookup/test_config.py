@@ -41,7 +41,7 @@ def test_the_defaults_are_the_old_constants():
 
 def test_every_part_defaults_to_the_default_config():
     assert LookupBook().config == DEFAULT and (LookupBook().min_ngram, LookupBook().max_ngram) == (2, 6)
-    assert LookupCalibration().config == DEFAULT and LookupCalibration().accepted.shape == (4, 16, 16)  # own and shared, fresh and in a run
+    assert LookupCalibration().config == DEFAULT and LookupCalibration().accepted.shape == (4, 8, 16)  # own and shared buckets
     assert CurrentTokensPolicy().config == DEFAULT and CurrentTokensPolicy().patience == 16
     assert OverlapGap(on_host=False).config == DEFAULT
     index = ContextIndex()
@@ -139,7 +139,7 @@ def test_overlap_patience_and_saving_rate_reach_the_current_tokens_policy():
 def test_the_calibration_reads_its_config():
     config = LookupConfig(match_buckets=(2, 5), temperature_bands=(0.5,), explore_every=3, acceptance_prior=(3.0, 1.0))
     calibration = LookupCalibration(max_tokens=4, config=config)
-    assert calibration.accepted.shape == (config.sampling_classes, 4 * 2, 4) == (3, 8, 4)  # 4 sources x 2 buckets
+    assert calibration.accepted.shape == (config.sampling_classes, 2 * 2, 4) == (3, 4, 4)  # own, shared buckets
     assert calibration.sampling_class(0.7, top_k=-1) == 2 and sampling_class(0.7, top_k=-1) == 2
     assert calibration.sampling_class(1.5, top_k=-1) == 2 and sampling_class(1.5, top_k=-1) == 3
     assert [calibration.explores(step) for step in range(4)] == [True, False, False, True]

@@ -42,16 +42,13 @@ from typing import Optional
 import torch
 
 from sglang.srt.managers.scheduler import GenerationBatchResult
-from sglang.srt.speculative.dspark_components.dspark_draft import (
-    DraftBlockResult,
-    make_next_draft_input,
-    resolve_draft_params,
-)
+from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResult, resolve_draft_params
 from sglang.srt.speculative.dspark_components.dspark_planner import alloc_verify_window
 from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
 
 from sglang_dspark import envs
 from sglang_dspark.engine.plain_step.anchor_only_verify import compact_anchor_step_eligible
+from sglang_dspark.engine.plain_step.plain_decode_step import accepted_step_result
 from sglang_dspark.engine.to_device import to_device
 from sglang_dspark.scheduling.step_plan import StepPlan
 
@@ -189,17 +186,8 @@ def run_long_chain_step(worker, batch, plan: StepPlan, on_publish) -> Generation
             commit_lens=accept.commit_lens,
         )
     logits_output.hidden_states = None
-    return GenerationBatchResult(
-        logits_output=logits_output,
-        next_token_ids=accept.out_tokens.reshape(-1),
-        accept_lens=accept.commit_lens,
-        block_accept_lens=accept.commit_lens + accept.cap_trim_lens,
-        cap_lens=layout.verify_lens.to(torch.int32),
-        can_run_cuda_graph=False,
-        next_draft_input=make_next_draft_input(bonus_tokens=accept.bonus, new_seq_lens=accept.new_seq_lens),
-        speculative_num_draft_tokens=width,
-        new_seq_lens=accept.new_seq_lens,
-    )
+    return accepted_step_result(logits_output, accept, verify_lens=layout.verify_lens.to(torch.int32), width=width,
+                                can_run_cuda_graph=False)
 
 
 __all__ = ["long_chain_batch_ok", "long_chains_blocker", "reserve_chain_kv", "run_long_chain_step"]

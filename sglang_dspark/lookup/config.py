@@ -47,8 +47,9 @@ class LookupConfig:
     index_limits: IndexLimits = field(default_factory=IndexLimits)  # the indices' host time and memory (above)
 
     # The shared suffix cache (lookup/shared_index.py): finished requests' tokens, proposing for other requests.
-    shared_capacity_tokens: int = 1 << 16  # tokens held over all scopes (the n-gram map: about 36 MB at the default)
+    shared_capacity_tokens: int = 1 << 16  # tokens held over all scopes (host RAM: about 50 MB full, at the default)
     shared_tokens_per_call: int = 1024  # tokens it indexes per decode step: bounds one step's stall
+    shared_max_scopes: int = 1024  # scopes held at once (each holds an index): many tiny tenants stay bounded too
 
     # Acceptance estimate (lookup/calibration.py).
     match_buckets: tuple[int, ...] = (2, 3, 4, 6)  # lower match-length edges of the buckets learned apart
@@ -95,7 +96,7 @@ class LookupConfig:
             0 < v < math.inf for v in self.acceptance_prior) else ["acceptance_prior"]
         bad += [] if 0 <= self.optimism < math.inf else ["optimism"]
         bad += [n for n in ("explore_every", "ece_bins", "overlap_patience", "gap_min_samples",
-                            "shared_tokens_per_call", "max_chain_tokens") if getattr(self, n) < 1]
+                            "shared_tokens_per_call", "shared_max_scopes", "max_chain_tokens") if getattr(self, n) < 1]
         bad += [] if all(0 < v < math.inf for v in bands) and _increasing(bands) else ["temperature_bands"]
         bad += [n for n in ("saving_rate", "gap_rate") if not 0 < getattr(self, n) <= 1]
         bad += [n for n in ("gap_prior_seconds", "gap_prior_seconds_per_request", "chain_min_gain")

@@ -72,8 +72,9 @@ class SharedIndex:
 
 class SharedIndices:
     """The scopes' caches (module docstring): one :class:`SharedIndex` per scope key, all within ``capacity`` tokens
-    (``config.shared_capacity_tokens``), least recently used scope dropped first; ``catch_up`` spends one call's
-    budget (``config.shared_tokens_per_call``) over the scopes with pending tokens, most recently used first."""
+    (``config.shared_capacity_tokens``) and ``config.shared_max_scopes`` scopes, least recently used dropped first;
+    ``catch_up`` spends one call's budget (``config.shared_tokens_per_call``) over the scopes with pending tokens, most
+    recently used first."""
 
     def __init__(self, config: LookupConfig = DEFAULT) -> None:
         self.config = config
@@ -105,7 +106,8 @@ class SharedIndices:
             index = self._scopes[scope] = SharedIndex(self.capacity, self.config)
         self._scopes.move_to_end(scope)
         index.add(tokens)
-        while len(self._scopes) > 1 and len(self) > self.capacity:
+        while len(self._scopes) > 1 and (len(self) > self.capacity
+                                         or len(self._scopes) > self.config.shared_max_scopes):
             self._scopes.popitem(last=False)
             self.evicted_scopes += 1
 

@@ -116,14 +116,22 @@ def run_plain_decode_step(worker, batch, on_publish) -> GenerationBatchResult:
                 target_hidden=hidden, cache_loc=cache_loc, positions=prefix_lens, state_slot=state_slot
             )
     logits_output.hidden_states = None
+    verify_lens = torch.ones(bs, dtype=torch.int32, device=tokens.device)
+    return accepted_step_result(logits_output, accept, verify_lens=verify_lens, width=width,
+                                can_run_cuda_graph=output.can_run_cuda_graph)
 
+
+def accepted_step_result(logits_output, accept, *, verify_lens, width: int, can_run_cuda_graph: bool
+                         ) -> GenerationBatchResult:
+    """The scheduler's result of a decode step we run ourselves, as upstream's step builds it: out tokens in a
+    ``width`` stride, commit lengths, the verify lengths as cap lengths, the next draft input."""
     return GenerationBatchResult(
         logits_output=logits_output,
         next_token_ids=accept.out_tokens.reshape(-1),
         accept_lens=accept.commit_lens,
         block_accept_lens=accept.commit_lens + accept.cap_trim_lens,
-        cap_lens=torch.ones(bs, dtype=torch.int32, device=tokens.device),
-        can_run_cuda_graph=output.can_run_cuda_graph,
+        cap_lens=verify_lens,
+        can_run_cuda_graph=can_run_cuda_graph,
         next_draft_input=make_next_draft_input(bonus_tokens=accept.bonus, new_seq_lens=accept.new_seq_lens),
         speculative_num_draft_tokens=width,
         new_seq_lens=accept.new_seq_lens,

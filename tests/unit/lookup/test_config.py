@@ -29,6 +29,7 @@ OLD_VALUES = {
     "overlap_patience": 16, "saving_rate": 0.125,
     "gap_prior_seconds": 1e-3, "gap_prior_seconds_per_request": 25e-6, "gap_min_samples": 8, "gap_rate": 0.1,
     "chain_min_gain": 0.05, "shared_capacity_tokens": 65536, "shared_tokens_per_call": 1024, "max_chain_tokens": 31,
+    "shared_max_scopes": 1024,
 }
 
 
@@ -74,6 +75,7 @@ def test_every_part_defaults_to_the_default_config():
     (dict(chain_min_gain=-0.01), "chain_min_gain"),
     (dict(shared_capacity_tokens=6), "shared_capacity_tokens"),
     (dict(shared_tokens_per_call=0), "shared_tokens_per_call"),
+    (dict(shared_max_scopes=0), "shared_max_scopes"),
 ])
 def test_a_bad_value_is_refused_naming_its_field(changes, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):

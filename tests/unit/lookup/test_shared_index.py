@@ -105,6 +105,16 @@ def test_scopes_are_apart_and_the_least_recently_used_goes_first():
     assert cache.propose("tenant-b", [1, 2], 3) is None and cache.propose("tenant-a", [1, 2], 3) is not None
 
 
+def test_many_tiny_scopes_stay_bounded_in_number():
+    config = LookupConfig(shared_capacity_tokens=4096, shared_max_scopes=3)
+    cache = SharedIndices(config)
+    for tenant in range(10):
+        cache.add(tenant, [tenant, 1, 2])
+    assert cache.scopes == 3 and cache.evicted_scopes == 7
+    cache.catch_up()
+    assert cache.propose(9, [9, 1], 1) is not None and cache.propose(0, [0, 1], 1) is None
+
+
 def test_a_capacity_not_above_the_ngram_is_refused():
     with pytest.raises(ValueError, match="capacity"):
         SharedIndex(6, CONFIG)

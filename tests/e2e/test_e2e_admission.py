@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from sglang_dspark.lookup.config import LookupConfig
 from sglang_dspark.profiler.engine_measurer import PROFILING_BUDGET_SECONDS
 from sglang_dspark.testing.helpers import GREEDY, PROMPTS, assert_same_ids, dspark_args, generate_all, steep_sps_table
 
@@ -42,7 +43,9 @@ def test_default_async_policy_profiles_sps_and_schedules(tiny_pair, shared_serve
     assert info["sps"]["age_seconds"] >= 0
     assert info["steps"] > 0 and info["mean_accept_len"] >= 1.0
     histogram = info["admitted_len_histogram"]
-    assert len(histogram) == 8 and sum(histogram) > 0
+    # One bin per verified length: 0..γ for drafted steps (γ = 7 here), and up to the longest lookup chain where steps
+    # without the draft verify chains past the block (engine/long_chain_step.py; how many do depends on timing).
+    assert 8 <= len(histogram) <= LookupConfig().max_chain_tokens + 1 and sum(histogram) > 0, histogram
     assert info["ece"] is not None and 0.0 <= info["ece"] <= 1.0
     profiled = [line for line in log.splitlines() if "sglang-dspark admission: policy=async" in line]
     assert profiled, "the SPS table line is missing from the log"

@@ -1,0 +1,74 @@
+"""benchmarks/copy_ceiling.py's oracle: the step costs it reads from a gate trace and its replay of answers."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "copy_ceiling.py"
+spec = importlib.util.spec_from_file_location("copy_ceiling", SCRIPT)
+copy_ceiling = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = copy_ceiling  # dataclasses resolve the module's annotations through sys.modules
+spec.loader.exec_module(copy_ceiling)
+
+
+def row(rows, drafted, width, seconds, committed=1):
+    return {"R": rows, "drafted": drafted, "verify_tokens": width, "seconds": seconds, "committed": committed}
+
+
+def test_step_costs_are_the_least_the_trace_allows():
+    costs = copy_ceiling.StepCosts.from_trace([
+        row(1, False, 1, 0.060), row(1, False, 1, 0.062), row(1, False, 4, 0.090), row(1, False, 8, 0.072),
+        row(2, False, 2, 0.065), row(2, False, 10, 0.085), row(1, True, 5, 0.070, 2), row(1, True, 5, 0.070, 1)])
+    assert costs.seconds(1, 1) == pytest.approx(0.061)
+    # Width 4 measured slower than width 8 (and than two rows of 10): a step costs no more than a wider one.
+    assert costs.seconds(1, 4) == costs.seconds(1, 8) == pytest.approx(0.072)
+    assert costs.seconds(1, 10) == pytest.approx(0.085)  # two rows of 10 tokens bound one row of 10
+    # Past the widest measured step: that step plus the fitted cost of each further token.
+    assert costs.token_seconds > 0
+    assert costs.seconds(2, 14) == pytest.approx(0.085 + 4 * costs.token_seconds)
+    assert costs.drafts == {1: (0.070, 1.5)}
+    with pytest.raises(SystemExit, match="no step of 3 rows"):
+        costs.seconds(3, 3)
+
+
+def test_longest_copy_continues_an_earlier_occurrence_of_the_last_token():
+    assert copy_ceiling.longest_copy("xabcdyx", "abcdz", 0, 10) == 4  # "x" then "abcd" earlier in the context
+    assert copy_ceiling.longest_copy("xabcdyx", "abcdz", 0, 2) == 2  # capped
+    assert copy_ceiling.longest_copy("xabcdy", "abcdz", 0, 10) == 0  # "abcd" occurs, but not after a "y"
+    assert copy_ceiling.longest_copy("xabcdy", "abcdz", 0, 10, anchor=0) == 4  # the looser bound: anywhere
+    assert copy_ceiling.longest_copy("xabcdyx", "zzz", 0, 10) == 0
+
+
+def linear_costs(drafts=None):
+    medians = {(r, v): 1.0 + 0.1 * (v - r) + 0.5 * (r - 1) for r in (1, 2) for v in range(r, 17)}
+    return copy_ceiling.StepCosts(medians, 0.1, drafts or {})
+
+
+def test_oracle_copies_what_the_context_holds_and_pays_plain_steps_for_the_rest():
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    answer = prompt + [90, 91, 92, 93]  # re-emits the prompt, then four tokens seen nowhere
+    replay = copy_ceiling.oracle_wave([prompt], [answer], linear_costs(), max_chain=7, anchor=0)
+    # Step 1 copies 1..7 and commits the bonus 90; the other three tokens are plain steps.
+    assert replay["chain_steps"] == 4 and replay["copied_tokens"] == 7 and replay["drafted_tokens"] == 0
+    assert replay["oracle_trace_seconds"] == pytest.approx((1.0 + 0.1 * 7) + 3 * 1.0)
+    # Anchored, nothing before 1 matches the prompt's last token 7: a plain step emits 1, then 2..7 follow a 1.
+    anchored = copy_ceiling.oracle_wave([prompt], [answer], linear_costs(), max_chain=7)
+    assert anchored["chain_steps"] == 5 and anchored["copied_tokens"] == 6
+    assert anchored["oracle_trace_seconds"] == pytest.approx(1.0 + (1.0 + 0.1 * 6) + 3 * 1.0)
+
+
+def test_oracle_takes_the_draft_where_its_rate_is_higher_and_runs_rows_in_lock_step():
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    answer = prompt + [90, 91, 92, 93]
+    drafting = copy_ceiling.oracle_wave([prompt], [answer], linear_costs({1: (1.2, 2.4)}), max_chain=7, anchor=0)
+    assert drafting["drafted_tokens"] == 3
+    assert drafting["oracle_trace_seconds"] == pytest.approx(1.7 + 3 * 0.5)
+    # Two rows: the copy row's chain and the other row's plain token share steps, at the two-row costs.
+    wave = copy_ceiling.oracle_wave([prompt, [50]], [prompt[:4], [60, 61, 62, 63]], linear_costs(), max_chain=7,
+                                    anchor=0)
+    assert wave["chain_steps"] == 4 and wave["copied_tokens"] == 3
+    assert wave["oracle_trace_seconds"] == pytest.approx((1.5 + 0.1 * 3) + 3 * 1.0)

@@ -24,31 +24,36 @@ from typing import Union
 
 import torch
 
-from sglang_dspark.profiler.step_overhead import DraftedAndPlainOverheads, OverheadAdjustedCost, load_bucket
+from sglang_dspark.profiler.step_overhead import DraftedAndPlainOverheads, OverheadAdjustedCost, StepOverhead
 from sglang_dspark.profiler.table_trust import TableAgreement
 
 
 class ChainTokenCost:
     """Seconds per chain token (beyond the anchors) a step without the draft pays over its table verify and level,
-    per load bucket: an exponential average of (measured − verify − level) / (B − R); 0 until such a step ran."""
+    per load bucket: (measured − verify − level) / (B − R), learned as ``StepOverhead`` learns a step's rest (a
+    robust start at the lower quartile of a bucket's first samples, then bounded moves); 0 until such a step ran.
+
+    Why robust: a per-token sample divides a whole step's stall by a few tokens, and a cost read too high stops
+    chains from being chosen, so nothing would ever measure it down again (one stalled step had set 97 ms a token
+    at 16 requests, ~25 times the real cost, and no chain ran at that load for the rest of the run)."""
 
     def __init__(self, rate: float = 0.2) -> None:
-        self.rate = rate
-        self._per_bucket: dict[int, float] = {}
+        self._learned = StepOverhead(rate=rate, label="lookup chain token")
 
     def seconds(self, num_requests: int) -> float:
-        return self._per_bucket.get(load_bucket(num_requests), 0.0)
+        return self._learned.known(num_requests) or 0.0
 
-    def observe(self, num_requests: int, chain_tokens: int, residual_seconds: float) -> None:
+    def observe(self, num_requests: int, chain_tokens: int, residual_seconds: float, step_seconds: float = 0.0) -> None:
+        """``residual_seconds``: the step's measured time beyond ``step_seconds``, its table verify and level."""
         if chain_tokens <= 0 or not math.isfinite(residual_seconds):
             return
-        sample = max(0.0, residual_seconds) / chain_tokens
-        bucket = load_bucket(num_requests)
-        old = self._per_bucket.get(bucket)
-        self._per_bucket[bucket] = sample if old is None else old + self.rate * (sample - old)
+        # An update moves the estimate by at most a quarter of the step's share per chain token (and of itself): a
+        # stall washes out, a real shift converges, and an estimate read near 0 can still grow.
+        self._learned.observe_sample(num_requests, max(0.0, residual_seconds) / chain_tokens,
+                                     max(0.0, step_seconds) / chain_tokens)
 
     def summary(self) -> dict:
-        return {bucket: round(1e3 * value, 3) for bucket, value in sorted(self._per_bucket.items())}
+        return self._learned.summary()
 
 
 class UndraftedCost:
@@ -77,6 +82,11 @@ class StepCosts:
         self.drafted = OverheadAdjustedCost(table, self.overheads.drafted)
         self.undrafted = UndraftedCost(OverheadAdjustedCost(table, self.overheads.level), self.chain)
 
+    def undrafted_for(self, explored: bool):
+        """The cost of a step without the draft as a step plans with it: an exploring step (``LookupChains.explored``)
+        prices chain tokens at its table verify alone, so a chain cost read too high is measured again."""
+        return self.undrafted.base if explored else self.undrafted
+
     def plain(self, num_requests: int) -> Optional[float]:
         """Seconds of a step that skips the draft and verifies the R anchors (None before a plain step was timed)."""
         rest = self.overheads.plain_seconds(num_requests)
@@ -100,8 +110,8 @@ class StepCosts:
         seconds = record.seconds
         chain_tokens = verify_tokens - num_requests if not record.drafted else 0
         if chain_tokens > 0:
-            residual = seconds - self.drafted.verify_scale * table_seconds - self.overheads.level.seconds(num_requests)
-            self.chain.observe(num_requests, chain_tokens, residual)
+            expected = self.drafted.verify_scale * table_seconds + self.overheads.level.seconds(num_requests)
+            self.chain.observe(num_requests, chain_tokens, seconds - expected, expected)
             seconds = max(0.0, seconds - self.chain.seconds(num_requests) * chain_tokens)
         rescaled = self.agreement.observe(seconds, table_seconds)
         if rescaled:

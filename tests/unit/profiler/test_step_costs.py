@@ -67,3 +67,31 @@ def test_a_lookup_step_teaches_its_chain_cost_and_the_level_net_of_it():
     assert rates.tolist() == pytest.approx([1 / 0.020, 1 / 0.032])
     assert costs.plain(2) == pytest.approx(0.020)  # the level was taught net of the chain cost
     assert costs.chain.seconds(64) == 0.0  # another load bucket: nothing learned there
+
+
+def test_a_stalled_lookup_step_does_not_price_chains_out_for_good():
+    """A chain step that stalls (another process on the cores) among a load's first ones: the chain cost starts at
+    the lower quartile of the first samples and later moves by at most a quarter of the step's share a step, so it
+    stays near the real 4 ms a token; an exploring step prices chains without it."""
+    costs = StepCosts(LinearTable())
+    for _ in range(3):
+        costs.observe(record(16, [1] * 16, drafted=False, seconds=0.2))
+    plain = costs.plain(16)
+
+    def chain_step(seconds_over_plain):  # 16 rows, 40 chain tokens
+        costs.observe(record(16, [3] * 8 + [2] * 8, drafted=False, seconds=plain + seconds_over_plain))
+
+    chain_step(3.0)  # the first chain step stalls for 3 s: 75 ms a token
+    for _ in range(4):
+        chain_step(40 * 0.004)
+    learned = costs.chain.seconds(16)
+    assert learned < 0.010, learned
+    chain_step(3.0)  # a later stall moves it a bounded step, and normal steps bring it back
+    assert costs.chain.seconds(16) < 0.025
+    for _ in range(10):
+        chain_step(40 * 0.004)
+    assert costs.chain.seconds(16) < 0.010
+    # Exploring: chain tokens at the table verify alone (no learned per-token cost).
+    exploring, planning = costs.undrafted_for(explored=True), costs.undrafted_for(explored=False)
+    assert exploring.steps_per_second(16, 56) > planning.steps_per_second(16, 56)
+    assert costs.undrafted_for(explored=False) is costs.undrafted

@@ -163,6 +163,12 @@ def _wave(server, prompts: list[list[int]], max_tokens: int) -> tuple[float, lis
     return time.perf_counter() - started, [list(out["output_ids"]) for out in outs]
 
 
+def _chat_ids(tokenizer, text: str) -> list[int]:
+    """The prompt's token ids as SGLang's chat endpoint builds them (the load test's one user message)."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # newer transformers return a BatchEncoding
+
+
 def measure_waves(levels: dict[int, list[str]], max_tokens: int, max_total_tokens: int) -> dict[int, list[dict]]:
     from transformers import AutoTokenizer
 
@@ -175,8 +181,7 @@ def measure_waves(levels: dict[int, list[str]], max_tokens: int, max_total_token
     with start_server(target, ["--dtype", "float32"], max_total_tokens=max_total_tokens, log_dir=log_dir,
                       timeout=600) as server:
         for concurrency, texts in levels.items():
-            ids = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-                   for text in texts]
+            ids = [_chat_ids(tokenizer, text) for text in texts]
             measured[concurrency] = []
             for start in range(0, len(ids), concurrency):
                 wave = [list(prompt) for prompt in ids[start:start + concurrency]]

@@ -395,8 +395,7 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
         plan = choose_step(StepFacts(
             gate=advice, lookup=proposed, draft_survival=read, known_draft_survival=survival,
             cost_drafted=costs.drafted if costs is not None else None,
-            cost_undrafted=(costs.undrafted_for(proposed is not None and proposed.explored)
-                            if costs is not None else None),
+            cost_undrafted=costs.undrafted_for(getattr(proposed, "explored", False)) if costs is not None else None,
             weigh_draft=self.draft.weighs_beside_lookup, forced_lookup=self.lookup.forced,
             min_gain=self.lookup.config.chain_min_gain, block=self.gamma,
             long_chains=proposed is not None and self.long_chain_ok is not None and self.long_chain_ok(batch),

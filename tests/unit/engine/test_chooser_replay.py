@@ -54,6 +54,9 @@ class _StepCosts:
     def pairs(self, num_requests):
         return 10
 
+    def undrafted_for(self, explored):  # one cost whether the step explores or not: the replay compares choosers
+        return self.undrafted
+
 
 def _facts_stream(seed: int = 7):
     """One step's facts at a time: (R, lagged survival or None, lookup proposals or None, compact_ok, plain_ok)."""

@@ -51,7 +51,7 @@ from sglang_dspark.lookup.config import LookupConfig
 
 
 @dataclass(frozen=True)
-class StepCosts:
+class TraceStepCosts:
     """Seconds of a decode step as a gate trace measured them (see the module docstring for how they are read)."""
 
     medians: dict[tuple[int, int], float]  # (rows, verify tokens) -> median seconds of steps without the draft
@@ -59,7 +59,7 @@ class StepCosts:
     drafts: dict[int, tuple[float, float]]  # rows -> (median seconds, mean tokens committed per row)
 
     @classmethod
-    def from_trace(cls, rows: list[dict]) -> "StepCosts":
+    def from_trace(cls, rows: list[dict]) -> "TraceStepCosts":
         plain, drafted = defaultdict(list), defaultdict(list)
         for row in rows:
             (drafted if row["drafted"] else plain)[row["R"]].append(row)
@@ -123,7 +123,7 @@ def _as_text(ids: list[int]) -> str:
     return "".join(chr(0x100 + token) for token in ids)
 
 
-def oracle_wave(prompts: list[list[int]], answers: list[list[int]], costs: StepCosts, max_chain: int,
+def oracle_wave(prompts: list[list[int]], answers: list[list[int]], costs: TraceStepCosts, max_chain: int,
                 anchor: int = 1) -> dict:
     """Replay one wave's answers in lock step under the oracle; seconds are the trace's."""
     prompts, answers = [_as_text(p) for p in prompts], [_as_text(a) for a in answers]
@@ -196,7 +196,7 @@ def measure_waves(levels: dict[int, list[str]], max_tokens: int, max_total_token
     return measured
 
 
-def replay_level(waves: list[dict], costs: StepCosts, max_tokens: int, max_chain: int, anchor: int) -> dict:
+def replay_level(waves: list[dict], costs: TraceStepCosts, max_tokens: int, max_chain: int, anchor: int) -> dict:
     """One level's ceiling: its waves' prefill and no-spec decode against prefill and the oracle's decode."""
     prefill = decode_before = decode_after = 0.0
     copied = drafted = tokens = 0
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-total-tokens", type=int, default=16384)
     parser.add_argument("--output", type=Path, help="write the replay and the ceilings as JSON here")
     args = parser.parse_args(argv)
-    costs = StepCosts.from_trace([json.loads(line) for line in args.trace.open()])
+    costs = TraceStepCosts.from_trace([json.loads(line) for line in args.trace.open()])
     pool = code_edit_prompts(args.seed)
     count = args.prompts_per_level
     levels = {c: pool[i * count:(i + 1) * count] for i, c in enumerate(args.concurrency)}  # the load test's slices

@@ -20,7 +20,7 @@ def row(rows, drafted, width, seconds, committed=1):
 
 
 def test_step_costs_are_the_least_the_trace_allows():
-    costs = copy_ceiling.StepCosts.from_trace([
+    costs = copy_ceiling.TraceStepCosts.from_trace([
         row(1, False, 1, 0.060), row(1, False, 1, 0.062), row(1, False, 4, 0.090), row(1, False, 8, 0.072),
         row(2, False, 2, 0.065), row(2, False, 10, 0.085), row(1, True, 5, 0.070, 2), row(1, True, 5, 0.070, 1)])
     assert costs.seconds(1, 1) == pytest.approx(0.061)
@@ -45,7 +45,7 @@ def test_longest_copy_continues_an_earlier_occurrence_of_the_last_token():
 
 def linear_costs(drafts=None):
     medians = {(r, v): 1.0 + 0.1 * (v - r) + 0.5 * (r - 1) for r in (1, 2) for v in range(r, 17)}
-    return copy_ceiling.StepCosts(medians, 0.1, drafts or {})
+    return copy_ceiling.TraceStepCosts(medians, 0.1, drafts or {})
 
 
 def test_oracle_copies_what_the_context_holds_and_pays_plain_steps_for_the_rest():

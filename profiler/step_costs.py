@@ -34,8 +34,8 @@ class ChainTokenCost:
     robust start at the lower quartile of a bucket's first samples, then bounded moves); 0 until such a step ran.
 
     Why robust: a per-token sample divides a whole step's stall by a few tokens, and a cost read too high stops
-    chains from being chosen, so nothing would ever measure it down again (one stalled step had set 97 ms a token
-    at 16 requests, ~25 times the real cost, and no chain ran at that load for the rest of the run)."""
+    chains from being chosen, so nothing would ever measure it down again (the run: docs/lookup.md, "Why each rule
+    exists")."""
 
     def __init__(self, rate: float = 0.2) -> None:
         self._learned = StepOverhead(rate=rate, label="lookup chain token")

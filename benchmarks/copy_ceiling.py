@@ -58,10 +58,6 @@ from sglang_dspark.lookup.config import DEFAULT, LookupConfig
 from sglang_dspark.lookup.index import ContextIndex
 
 
-DATASETS = {"code-edit": prompt_sets.code_edit_prompts, "grounded": prompt_sets.grounded_prompts,
-            "grounded-recurring": prompt_sets.grounded_recurring_prompts}
-
-
 @dataclass(frozen=True)
 class TraceStepCosts:
     """Seconds of a decode step as a gate trace measured them (see the module docstring for how they are read)."""
@@ -168,7 +164,7 @@ def oracle_wave(prompts: list[list[int]], answers: list[list[int]], costs: Trace
     if bound not in BOUNDS:
         raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}")
     served = [ServedProposals(p, config) for p in prompts] if bound == "served" else None
-    texts, answer_texts = [_as_text(p) for p in prompts], [_as_text(a) for a in answers]
+    texts, answer_texts = ([], []) if served else ([_as_text(p) for p in prompts], [_as_text(a) for a in answers])
     positions = [0] * len(answers)
     seconds, steps, copied, drafted = 0.0, 0, 0, 0
 
@@ -285,7 +281,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-chain", type=int, default=LookupConfig().max_chain_tokens)
     parser.add_argument("--max-total-tokens", type=int, default=16384)
-    parser.add_argument("--dataset", choices=sorted(DATASETS), default="code-edit", help="the load test's set")
+    parser.add_argument("--dataset", choices=prompt_sets.PASSAGE_SETS, default="code-edit", help="the load test's set")
     parser.add_argument("--output", type=Path, help="write the replay and the ceilings as JSON here")
     parser.add_argument("--save-waves", type=Path, help="write the measured waves (prompts, answers, times) here")
     parser.add_argument("--waves", type=Path, help="replay waves saved by --save-waves instead of measuring them")
@@ -298,7 +294,8 @@ def main(argv=None) -> int:
         if len(counts) not in (1, len(args.concurrency)):
             parser.error("--prompts-per-level takes one count, or one per --concurrency level")
         counts = counts * len(args.concurrency) if len(counts) == 1 else counts
-        levels = dict(zip(args.concurrency, split_for_levels(DATASETS[args.dataset](args.seed), counts)))
+        pool = prompt_sets.BUILTIN_SETS[args.dataset](args.seed)
+        levels = dict(zip(args.concurrency, split_for_levels(pool, counts)))
         measured = measure_waves(levels, args.max_tokens, args.max_total_tokens)
     if args.save_waves:
         args.save_waves.write_text(json.dumps(measured))

@@ -390,12 +390,12 @@ class AdmissionVerifyPlanner(DSparkVerifyPlanner):
             logger.exception("sglang-dspark: draft gate failed; drafting every step from now on")
             self.draft.gate = None
             return StepPlan(decision=GateDecision(True, "error"))
-        costs = self.step_costs
+        costs, explored = self.step_costs, proposed is not None and proposed.explored
         launch = getattr(batch, LAUNCH_ATTRIBUTE, None)
         plan = choose_step(StepFacts(
             gate=advice, lookup=proposed, draft_survival=read, known_draft_survival=survival,
             cost_drafted=costs.drafted if costs is not None else None,
-            cost_undrafted=costs.undrafted_for(getattr(proposed, "explored", False)) if costs is not None else None,
+            cost_undrafted=costs.undrafted_for(explored) if costs is not None else None,
             weigh_draft=self.draft.weighs_beside_lookup, forced_lookup=self.lookup.forced,
             min_gain=self.lookup.config.chain_min_gain, block=self.gamma,
             long_chains=proposed is not None and self.long_chain_ok is not None and self.long_chain_ok(batch),

@@ -92,6 +92,12 @@ def _first_user_turn(record) -> str | None:
     return None
 
 
+# The built-in sets by ``--dataset`` name (``builtin`` and ``chat`` are the same set): each a function of the seed.
+BUILTIN_SETS = {"builtin": builtin_prompts, "chat": builtin_prompts, "grounded": grounded_prompts,
+                "grounded-recurring": grounded_recurring_prompts, "code-edit": code_edit_prompts}
+PASSAGE_SETS = ("grounded", "grounded-recurring", "code-edit")  # the built-in sets whose prompts carry a passage
+
+
 def load_prompts(path: str | Path, fmt: str = "auto") -> list[str]:
     """Prompts of a file: ``jsonl`` (one object a line: ``prompt``/``text``, OpenAI ``messages`` or ShareGPT
     ``conversations``; or a JSON string) or ``sharegpt`` (a JSON list of ``{"conversations": [{"from": "human",

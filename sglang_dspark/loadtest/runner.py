@@ -70,7 +70,7 @@ CONFIG_NAMES = ("no-spec", "no-spec-control", "dspark", "dspark-baseline-draft",
                 "dspark-no-lookup", "dspark-no-shared", "dspark-block-chains", "dspark-upstream", "ngram")
 DEFAULT_CONFIGS = ("no-spec", "dspark", "dspark-verify-all", "dspark-upstream", "ngram")
 # The built-in sets whose prompts carry a passage the answer copies from: their levels get ``output_overlap``.
-PASSAGE_DATASETS = ("grounded", "grounded-recurring", "code-edit")
+PASSAGE_DATASETS = prompt_sets.PASSAGE_SETS
 
 
 class LoadTestError(RuntimeError):
@@ -494,14 +494,8 @@ def prompts_per_level(args, level: dict) -> int:
 
 
 def prompt_pool(args) -> list[str]:
-    if args.dataset in (None, "builtin", "chat"):
-        return prompt_sets.builtin_prompts(args.seed)
-    if args.dataset == "grounded":
-        return prompt_sets.grounded_prompts(args.seed)
-    if args.dataset == "grounded-recurring":
-        return prompt_sets.grounded_recurring_prompts(args.seed)
-    if args.dataset == "code-edit":
-        return prompt_sets.code_edit_prompts(args.seed)
+    if args.dataset is None or args.dataset in prompt_sets.BUILTIN_SETS:
+        return prompt_sets.BUILTIN_SETS[args.dataset or "builtin"](args.seed)
     try:
         pool = prompt_sets.load_prompts(args.dataset, args.dataset_format)
     except (OSError, ValueError) as exc:

@@ -12,16 +12,20 @@ at a time at concurrency c. Per wave: the answers' token ids, the prefill time (
 The oracle replays each wave's answers in lock step. At every step each unfinished row verifies a run of its
 answer's next tokens, at most ``--max-chain`` tokens (the lookup's ``max_chain_tokens``), and commits that run plus
 the target's bonus token; where the draft's measured rate beats the step's, the step's tokens come at the draft's
-rate instead. Three bounds, each a row's run: ``anchor_1`` the longest run that follows an earlier occurrence of its
+rate instead. Four bounds, each a row's run: ``anchor_1`` the longest run that follows an earlier occurrence of its
 last token in its context so far (prompt + answer up to there), ``anchor_0`` the longest run wherever it occurs
-(looser), and ``served`` what the served lookup proposes there (``lookup/index.py``: the latest occurrence of the
+(looser), ``served`` what the served lookup proposes there (``lookup/index.py``: the latest occurrence of the
 longest recurring tail) taken at exactly the length the answer accepts: the most any choice of chain lengths can get
-from the served proposals. Step costs come from a gate trace of the DSPARK server on the same workload and levels
-(``SGLANG_DSPARK_GATE_TRACE``, ``--trace``): for R rows and v verify tokens in all, the least median of its steps
-without the draft at R' >= R rows and v' >= v tokens (a step cannot cost less with more rows or tokens; past the
-most rows measured, those rows' steps), past the widest measured step that one plus the fitted cost of a verify
-token; a drafted step costs its median at R rows and commits its mean. Oracle seconds are trace seconds scaled by
-the no-spec server's decode step over the trace's plain step at the level's concurrency.
+from the served proposals; and ``served_rule`` that proposal at a length fixed per match-length bucket (the served
+calibration's buckets), verified whole, so the tokens past the accepted ones are paid for: the best such rule a
+coordinate search finds for the level, chosen in hindsight on its own answers (``search_rule``). It is what a
+chooser that does not know the accepted length, reading only the match length, can reach; the served chooser reads
+the same buckets (and, under load, the batch it plans). Step costs come from a gate trace of the DSPARK server on
+the same workload and levels (``SGLANG_DSPARK_GATE_TRACE``, ``--trace``): for R rows and v verify tokens in all, the
+least median of its steps without the draft at R' >= R rows and v' >= v tokens (a step cannot cost less with more
+rows or tokens; past the most rows measured, those rows' steps), past the widest measured step that one plus the
+fitted cost of a verify token; a drafted step costs its median at R rows and commits its mean. Oracle seconds are
+trace seconds scaled by the no-spec server's decode step over the trace's plain step at the level's concurrency.
 
 Why it is a ceiling. No real lookup beats the anchored bounds: the oracle knows which occurrence continues correctly
 (``served`` does not: it reads the served occurrence), never proposes a wrong token and never pays for one, takes
@@ -138,42 +142,65 @@ class ServedProposals:
         self.index = ContextIndex(min_ngram=config.min_ngram, max_ngram=config.max_ngram)
         self.index.extend(prompt)
 
-    def accepted(self, answer: list[int], start: int, limit: int) -> int:
-        """How many of the proposal's first ``limit`` tokens the answer from ``start`` on accepts (0: no proposal)."""
+    def run(self, answer: list[int], start: int, limit: int, rule: "LengthRule | None" = None) -> tuple[int, int]:
+        """(verified, accepted) tokens of the proposal here, at most ``limit``: with no ``rule`` the proposal is
+        verified at exactly the length the answer from ``start`` on accepts; with one, at the rule's length for the
+        proposal's match length. (0, 0): no proposal."""
         proposal = self.index.propose(limit)
-        count = 0
-        if proposal is not None:
-            for proposed, actual in zip(proposal.tokens, answer[start:]):
-                if proposed != actual:
-                    break
-                count += 1
-        return count
+        if proposal is None:
+            return 0, 0
+        tokens = proposal.tokens if rule is None else proposal.tokens[:rule.length(proposal.match_len)]
+        accepted = 0
+        for proposed, actual in zip(tokens, answer[start:]):
+            if proposed != actual:
+                break
+            accepted += 1
+        return (accepted if rule is None else len(tokens)), accepted
 
     def commit(self, tokens: list[int]) -> None:
         self.index.extend(tokens)
 
 
-BOUNDS = ("anchor_1", "anchor_0", "served")  # what a row's chain may copy (module docstring)
+BOUNDS = ("anchor_1", "anchor_0", "served", "served_rule")  # what a row's chain may copy (module docstring)
+RULE_LENGTHS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 31)  # the lengths the rule search tries per bucket
+
+
+@dataclass(frozen=True)
+class LengthRule:
+    """A chain length per match-length bucket (the served calibration's ``match_buckets``); 0: no chain."""
+
+    lengths: tuple[int, ...]
+    buckets: tuple[int, ...] = DEFAULT.match_buckets
+
+    def length(self, match_len: int) -> int:
+        index = max([i for i, lower in enumerate(self.buckets) if match_len >= lower] or [0])
+        return self.lengths[index]
 
 
 def oracle_wave(prompts: list[list[int]], answers: list[list[int]], costs: TraceStepCosts, max_chain: int,
-                bound: str = "anchor_1", config: LookupConfig = DEFAULT) -> dict:
+                bound: str = "anchor_1", config: LookupConfig = DEFAULT, rule: LengthRule | None = None) -> dict:
     """Replay one wave's answers in lock step under the oracle; seconds are the trace's. ``bound``: ``anchor_1`` /
-    ``anchor_0`` (the run after an earlier occurrence of the last token / anywhere) or ``served`` (the served
-    lookup's proposal, taken at the length the answer accepts)."""
+    ``anchor_0`` (the run after an earlier occurrence of the last token / anywhere), ``served`` (the served
+    lookup's proposal, taken at the length the answer accepts) or ``served_rule`` (that proposal at ``rule``'s
+    length: the tokens past the accepted ones are verified and paid for)."""
     if bound not in BOUNDS:
         raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}")
-    served = [ServedProposals(p, config) for p in prompts] if bound == "served" else None
+    if (bound == "served_rule") != (rule is not None):
+        raise ValueError("a length rule goes with bound='served_rule', and only with it")
+    served = [ServedProposals(p, config) for p in prompts] if bound.startswith("served") else None
     texts, answer_texts = ([], []) if served else ([_as_text(p) for p in prompts], [_as_text(a) for a in answers])
     positions = [0] * len(answers)
     seconds, steps, copied, drafted = 0.0, 0, 0, 0
 
-    def chain(i: int) -> int:
+    def chain(i: int) -> tuple[int, int]:
+        """(verified, accepted) chain tokens of row ``i`` this step."""
         left = len(answers[i]) - positions[i] - 1
         if served is not None:
-            return min(served[i].accepted(answers[i], positions[i], max_chain), left)
+            verified, accepted = served[i].run(answers[i], positions[i], max_chain, rule)
+            return min(verified, left), min(accepted, left)
         context = texts[i] + answer_texts[i][:positions[i]]
-        return min(longest_copy(context, answer_texts[i], positions[i], max_chain, int(bound[-1])), left)
+        copy = min(longest_copy(context, answer_texts[i], positions[i], max_chain, int(bound[-1])), left)
+        return copy, copy
 
     def advance(i: int, count: int) -> None:
         if served is not None:
@@ -186,8 +213,8 @@ def oracle_wave(prompts: list[list[int]], answers: list[list[int]], costs: Trace
             break
         rows = len(active)
         chains = {i: chain(i) for i in active}
-        commit = sum(length + 1 for length in chains.values())
-        step = costs.seconds(rows, commit)
+        commit = sum(accepted + 1 for _, accepted in chains.values())
+        step = costs.seconds(rows, sum(verified + 1 for verified, _ in chains.values()))
         draft = costs.drafts.get(rows)
         if draft is not None and rows * draft[1] / draft[0] > commit / step:
             seconds += draft[0] / draft[1]  # one token for every row, at the draft's mean rate
@@ -197,9 +224,9 @@ def oracle_wave(prompts: list[list[int]], answers: list[list[int]], costs: Trace
             continue
         seconds += step
         steps += 1
-        for i, length in chains.items():
-            advance(i, length + 1)
-            copied += length
+        for i, (_, accepted) in chains.items():
+            advance(i, accepted + 1)
+            copied += accepted
     return {"oracle_trace_seconds": seconds, "chain_steps": steps, "copied_tokens": copied,
             "drafted_tokens": drafted}
 
@@ -246,8 +273,12 @@ def measure_waves(levels: dict[int, list[str]], max_tokens: int, max_total_token
     return measured
 
 
-def replay_level(waves: list[dict], costs: TraceStepCosts, max_tokens: int, max_chain: int, bound: str) -> dict:
-    """One level's ceiling: its waves' prefill and no-spec decode against prefill and the oracle's decode."""
+def replay_level(waves: list[dict], costs: TraceStepCosts, max_tokens: int, max_chain: int, bound: str,
+                 rule: LengthRule | None = None) -> dict:
+    """One level's ceiling: its waves' prefill and no-spec decode against prefill and the oracle's decode. For
+    ``served_rule`` without a ``rule``, the best rule :func:`search_rule` finds for the level (kept as ``rule``)."""
+    if bound == "served_rule" and rule is None:
+        rule = search_rule(waves, costs, max_tokens, max_chain)
     prefill = decode_before = decode_after = 0.0
     copied = drafted = tokens = 0
     replays = []
@@ -255,7 +286,7 @@ def replay_level(waves: list[dict], costs: TraceStepCosts, max_tokens: int, max_
         rows = len(wave["answers"])
         # Trace seconds to this run's: the no-spec decode step of this wave over the trace's plain step.
         scale = (wave["decode_s"] / max_tokens) / costs.seconds(rows, rows)
-        replay = oracle_wave(wave["prompts"], wave["answers"], costs, max_chain, bound)
+        replay = oracle_wave(wave["prompts"], wave["answers"], costs, max_chain, bound, rule=rule)
         replay.update(prefill_s=wave["prefill_s"], decode_s=wave["decode_s"], trace_to_run_scale=scale,
                       oracle_decode_s=replay["oracle_trace_seconds"] * scale)
         replays.append(replay)
@@ -268,7 +299,35 @@ def replay_level(waves: list[dict], costs: TraceStepCosts, max_tokens: int, max_
     before, after = prefill + decode_before, prefill + decode_after
     return {"no_spec_tok_s": tokens / before, "oracle_tok_s": tokens / after, "ceiling": before / after,
             "decode_ceiling": decode_before / decode_after, "prefill_share": prefill / before,
-            "copied_share": copied / tokens, "drafted_share": drafted / tokens, "waves": replays}
+            "copied_share": copied / tokens, "drafted_share": drafted / tokens, "waves": replays,
+            **({"rule": dict(zip(rule.buckets, rule.lengths))} if rule else {})}
+
+
+def search_rule(waves: list[dict], costs: TraceStepCosts, max_tokens: int, max_chain: int,
+                sweeps: int = 3) -> LengthRule:
+    """The length rule with the highest ceiling on these waves that a coordinate search finds: each bucket in turn
+    tries every length of :data:`RULE_LENGTHS` (up to ``max_chain``) with the others fixed, for ``sweeps`` passes
+    or until one changes nothing. Chosen in hindsight on the level's own answers, so no rule fixed in advance
+    does better on them (up to the search not being exhaustive)."""
+    choices = [length for length in RULE_LENGTHS if length <= max_chain]
+    best = LengthRule(tuple([min(8, max_chain)] * len(DEFAULT.match_buckets)))
+
+    def ceiling(rule: LengthRule) -> float:
+        return replay_level(waves, costs, max_tokens, max_chain, "served_rule", rule)["ceiling"]
+
+    best_ceiling = ceiling(best)
+    for _ in range(sweeps):
+        changed = False
+        for bucket in range(len(best.lengths)):
+            for length in choices:
+                lengths = list(best.lengths)
+                lengths[bucket] = length
+                candidate = LengthRule(tuple(lengths))
+                if candidate != best and (value := ceiling(candidate)) > best_ceiling + 1e-12:
+                    best, best_ceiling, changed = candidate, value, True
+        if not changed:
+            break
+    return best
 
 
 def main(argv=None) -> int:
@@ -312,7 +371,8 @@ def main(argv=None) -> int:
             report["levels"].setdefault(concurrency, {})[bound] = level
             print(f"| {concurrency} | {bound} | {level['no_spec_tok_s']:.1f} | {level['oracle_tok_s']:.1f} "
                   f"| {level['ceiling']:.2f} | {level['decode_ceiling']:.2f} | {level['prefill_share']:.0%} "
-                  f"| {level['copied_share']:.0%} | {level['drafted_share']:.0%} |")
+                  f"| {level['copied_share']:.0%} | {level['drafted_share']:.0%} |"
+                  + (f" lengths by match length: {level['rule']}" if "rule" in level else ""))
     print(f"\nfitted cost of a verify token: {1000 * costs.token_seconds:.2f} ms; drafted steps (rows: s, tokens a "
           "row): " + ", ".join(f"{r}: {s:.3f}, {c:.2f}" for r, (s, c) in sorted(costs.drafts.items())))
     if args.output:

@@ -1,13 +1,14 @@
 """Whether a speculative server samples at T > 0 on this machine, or commits the argmax after its first token.
 
-    .venv/bin/python benchmarks/cpu_greedy_verify.py                       # NGRAM and no-spec, 6 prompts, ~2 min
+    .venv/bin/python benchmarks/cpu_greedy_verify.py                       # three servers, 6 prompts, ~3 min
 
 SGLang 0.5.23 verifies NGRAM's (and, by reading, EAGLE's) tokens through ``eagle_utils.eagle_sample``, which on a CPU
-takes the greedy path at every temperature (``_verify_uses_greedy``: ``is_cpu``). If so, a T = 0.7 answer is its
-first token (sampled at prefill) followed by greedy decoding: the check asks each server for a T = 0.7 answer, then
-for the greedy continuation of the prompt plus that answer's first token, and counts the prompts where the two agree.
-A server that samples agrees on (almost) none; one that verifies by argmax agrees on all. The load test flags sampled
-levels that compare against such a server (``loadtest/report.cpu_greedy_verify_note``).
+takes the greedy path at every temperature (``_verify_uses_greedy``: ``is_cpu``); with our plugin installed they
+sample (``patches/cpu_tree_sampling.py``). If a server verifies by argmax, a T = 0.7 answer is its first token
+(sampled at prefill) followed by greedy decoding: the check asks each server for a T = 0.7 answer, then for the
+greedy continuation of the prompt plus that answer's first token, and counts the prompts where the two agree. A
+server that samples agrees on (almost) none; one that verifies by argmax agrees on all. Servers: no-spec, NGRAM
+with our plugin, and NGRAM without it (``SGLANG_PLUGINS=dspark_cpu_platform``: the CPU platform only).
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from sglang_dspark.local_server import start_server
 PROMPTS = ["Write a short story about a robot who learns to paint.", "Explain why the sky is blue to a child.",
            "List three ideas for a birthday party and describe each.", "Describe a walk through a forest in autumn.",
            "What makes a good cup of tea? Give advice.", "Summarise the plot of a detective novel you invent."]
-SERVERS = {"no-spec": [], "NGRAM": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"]}
+NGRAM = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"]
+# name: (server arguments, environment)
+SERVERS = {"no-spec": ([], {}), "NGRAM": (NGRAM, {}),
+           "NGRAM without our plugin": (NGRAM, {"SGLANG_PLUGINS": "dspark_cpu_platform"})}
 
 
 def greedy_after_first_token(server, tokenizer, temperature: float, max_tokens: int) -> int:
@@ -49,8 +53,8 @@ def main(argv=None) -> int:
 
     target, _ = ensure_default_pair()
     tokenizer = AutoTokenizer.from_pretrained(target)
-    for name, server_args in SERVERS.items():
-        with start_server(target, ["--dtype", "float32"] + server_args, max_total_tokens=8192,
+    for name, (server_args, env) in SERVERS.items():
+        with start_server(target, ["--dtype", "float32"] + server_args, env=env, max_total_tokens=8192,
                           log_dir=Path(tempfile.mkdtemp(prefix="sglang-dspark-greedy-verify-")), timeout=600) as server:
             agree = greedy_after_first_token(server, tokenizer, args.temperature, args.max_tokens)
         print(f"{name}: T = {args.temperature:g} answers greedy after their first token: {agree}/{len(PROMPTS)}")

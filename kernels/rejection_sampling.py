@@ -16,6 +16,7 @@ import torch
 
 __all__ = [
     "chain_speculative_sampling_torch",
+    "inverse_cdf_draw",
     "single_step_output_distribution",
 ]
 
@@ -227,7 +228,6 @@ def _final_tokens(
     rows: torch.Tensor,
 ) -> torch.Tensor:
     """Inverse-CDF draw of the resampled/bonus token from row n_b (see the contract above)."""
-    vocab = target_probs.shape[-1]
     work_dtype = torch.promote_types(target_probs.dtype, torch.float32)
     # Advanced indexing copies, so the rows below can be overwritten in place.
     weights = target_probs[rows, num_accept].to(work_dtype)
@@ -243,13 +243,19 @@ def _final_tokens(
             diff = p_rej - q_rej
             weights[rejected] = torch.where(diff > 0, diff, 0.0)
 
+    return inverse_cdf_draw(weights, final_coins.reshape(-1)[: rows.numel()])
+
+
+def inverse_cdf_draw(weights: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
+    """One token per row of non-negative ``weights`` ``(R, V)``: the first ``v`` with ``cumsum(w)[v] > coin * sum(w)``
+    (``coins`` ``(R,)`` in ``[0, 1)``), so token ``v`` is drawn with probability ``w[v] / sum(w)``. A row with no such
+    entry (zero or NaN mass) gives ``V - 1``, the kernels' fallback."""
     cdf = weights.cumsum(dim=-1)
-    threshold = final_coins.reshape(-1)[: rows.numel()].to(work_dtype) * cdf[:, -1]
+    threshold = coins.to(cdf.dtype) * cdf[:, -1]
     above = cdf > threshold.unsqueeze(1)
     first = above.to(torch.int8).argmax(dim=-1)
-    # No CDF entry above the threshold (zero or NaN mass): the kernel's fallback token is the last id.
-    found = above[rows, first]
-    return torch.where(found, first, torch.full_like(first, vocab - 1))
+    found = above.gather(1, first.unsqueeze(1)).squeeze(1)
+    return torch.where(found, first, torch.full_like(first, weights.shape[-1] - 1))
 
 
 def single_step_output_distribution(

@@ -94,7 +94,7 @@ def needs_exact_filters(sampling_info) -> bool:
     )
 
 
-class _TemperatureOnly:
+class TemperatureOnly:
     """``sampling_info`` as ``_accept_sampling_core`` reads it, with its top-k/top-p branch switched off (the
     filters are already in the logits)."""
 
@@ -138,7 +138,7 @@ def accept_sampling_core_exact(original, *args, **kwargs):
     kwargs["target_logits"] = filtered_verify_logits(
         target_logits, sampling_info, int(kwargs["verify_num_draft_tokens"])
     )
-    kwargs["sampling_info"] = _TemperatureOnly(sampling_info)
+    kwargs["sampling_info"] = TemperatureOnly(sampling_info)
     return original(*args, **kwargs)
 
 

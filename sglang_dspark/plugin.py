@@ -87,6 +87,10 @@ def register() -> None:
         from sglang_dspark.patches import cpu_dspark
 
         cpu_dspark.apply()
+        # NGRAM / EAGLE verify by argmax on the CPU at every temperature upstream: make them sample exactly.
+        from sglang_dspark.patches import cpu_tree_sampling
+
+        cpu_tree_sampling.apply()
         # Linear layers and the LM head through oneDNN with packed weights, on every server (patches/cpu_packed_linear.py).
         from sglang_dspark.patches import cpu_packed_linear
 

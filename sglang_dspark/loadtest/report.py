@@ -503,42 +503,13 @@ def slo_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-# SGLang 0.5.23 verifies these algorithms' tokens through eagle_utils.eagle_sample, which commits the argmax on a CPU
-# whatever the temperature (eagle_utils._verify_uses_greedy: ``is_cpu``); measured for NGRAM, EAGLE's by reading.
-# DSPARK verifies through its own path and samples exactly (the Appendix-A tests).
-CPU_GREEDY_VERIFY = ("NGRAM", "EAGLE", "EAGLE3", "STANDALONE")
-
-
-def cpu_greedy_verify_note(result: dict) -> str:
-    """A warning under the tables where a run compares sampled levels against a speculative server that cannot
-    sample on a CPU (:data:`CPU_GREEDY_VERIFY`): after its first token that server's answers are greedy, so at T > 0
-    it answers an easier workload (greedy text copies more of the prompt) and its ratios are no comparison."""
-    settings = result.get("settings") or {}
-    if str(settings.get("device", "")).lower() != "cpu":
-        return ""
-    sampled = sorted({t for config in result.get("configs", []) for level in config.get("levels", [])
-                      if (t := _level_temperature(level, settings)) is not None and t > 0})
-    labels = [config["label"] for config in result.get("configs", [])
-              if str(config.get("speculative_algorithm") or "").upper() in CPU_GREEDY_VERIFY]
-    if not sampled or not labels:
-        return ""
-    temperatures = " / ".join(f"{t:g}" for t in sampled)
-    return (f"Not a comparison at T = {temperatures}: {', '.join(labels)} on a CPU verifies by argmax"
-            " at every temperature (SGLang 0.5.23, eagle_utils._verify_uses_greedy), so after the first token "
-            "its answers are greedy, not samples; DSPARK and no-spec sample.")
-
-
 def summary_tables(result: dict) -> str:
-    """What the load test prints: the main table (with the legend of its intervals where there are any, and
-    :func:`cpu_greedy_verify_note` where it applies), the per-source table where the run used prompt lookup, and
-    with an SLO the goodput table and the users per server; then, where there are intervals or an SLO, the comparison
-    table (configurations by level)."""
+    """What the load test prints: the main table (with the legend of its intervals where there are any), the
+    per-source table where the run used prompt lookup, and with an SLO the goodput table and the users per server;
+    then, where there are intervals or an SLO, the comparison table (configurations by level)."""
     parts = [markdown_table(result)]
     if _has_intervals(result):
         parts[0] += "\n\n" + interval_legend(result)
-    note = cpu_greedy_verify_note(result)
-    if note:
-        parts[0] += "\n\n" + note
     for part in (sources_table(result), slo_table(result), "\n".join(users_per_server_lines(result))):
         if part:
             parts.append(part)

@@ -1,18 +1,27 @@
 """With our DSPARK plugin installed, plain, NGRAM and EAGLE servers behave exactly as without it.
 
 "Without it" = SGLANG_PLUGINS=dspark_cpu_platform: the CPU platform (which every CPU server needs) is loaded, our
-DSPARK plugin (worker REPLACE, CPU fallbacks, patches) is not. Greedy ids must be identical.
+DSPARK plugin (worker REPLACE, CPU fallbacks, patches) is not. Greedy ids must be identical. (Sampled NGRAM and
+EAGLE differ on purpose: without our plugin SGLang verifies them by argmax on the CPU, with it they sample exactly,
+``patches/cpu_tree_sampling.py``: here a batch mixing greedy, temperature, top-k / top-p and min_p requests must
+complete at full length; ``test_e2e_sampled_exactness.py`` checks NGRAM's law.)
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import pytest
 
-from sglang_dspark.testing.helpers import greedy_ids
+from sglang_dspark.testing.helpers import PROMPTS, greedy_ids
 
 pytestmark = pytest.mark.server
 
 WITHOUT_DSPARK_PLUGIN = {"SGLANG_PLUGINS": "dspark_cpu_platform"}
+MIX_TOKENS = 24
+SAMPLED_MIX = [{"max_new_tokens": MIX_TOKENS, "ignore_eos": True, **extra} for extra in (
+    {"temperature": 0}, {"temperature": 0.7}, {"temperature": 1.0, "top_k": 8, "top_p": 0.8},
+    {"temperature": 1.0, "min_p": 0.1}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.2, "top_k": 3})]
 
 
 def algorithm_args(name, eagle_dir):
@@ -58,6 +67,12 @@ def test_plugin_does_not_change_other_algorithms(algorithm, tiny_pair, tiny_eagl
             continue
         with launch(tiny_pair.target_dir, args, env=env) as server:  # private: no other test uses these launches
             outputs[label] = greedy_ids(server)
+            if label == "with" and algorithm != "plain":
+                # Sampled verify goes through our CPU tree sampler: a mixed batch (greedy, temperature, top-k +
+                # top-p, min_p rows at once) completes every request at its full length.
+                with concurrent.futures.ThreadPoolExecutor(len(SAMPLED_MIX)) as pool:
+                    sampled = list(pool.map(lambda pair: server.generate(*pair), zip(PROMPTS, SAMPLED_MIX)))
+                assert [len(r["output_ids"]) for r in sampled] == [MIX_TOKENS] * len(SAMPLED_MIX)
     assert outputs["with"] == outputs["without"]
     # Speculation is lossless on these algorithms too, so both equal the plain reference.
     assert outputs["with"] == nospec_reference["bs1"]

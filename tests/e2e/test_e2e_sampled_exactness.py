@@ -1,18 +1,26 @@
-"""End-to-end exactness of DSPARK's sampled output, logprobs and constrained output (issue #15, part 3).
+"""End-to-end exactness of DSPARK's (and, on the CPU, NGRAM's) sampled output, logprobs and constrained output.
 
-Three servers on 127.0.0.1, one after the other, tiny fp32 pair: no-spec, DSPARK (our worker), and a deliberately
-biased DSPARK (the positive control: ``sglang_dspark/testing/biased_accept.py`` makes our CPU chain sampler accept
-every draft token without the ``min(1, p/q)`` ratio test, loaded through a ``sitecustomize`` in a temporary folder).
+Four servers on 127.0.0.1, one after the other, tiny fp32 pair: no-spec, DSPARK (our worker), NGRAM, and a
+deliberately biased DSPARK (the positive control: ``sglang_dspark/testing/biased_accept.py`` makes our CPU chain
+sampler accept every draft token without the ``min(1, p/q)`` ratio test, loaded through a ``sitecustomize`` in a
+temporary folder).
 
 **Sampled output.** For each configuration below (one fixed code-like prompt each), ``N = 2000`` completions of
 ``max_new_tokens = 3`` (``ignore_eos``) from no-spec and from DSPARK. The first token comes from the prefill (the
-ordinary sampler on both servers, a check of the test itself); tokens 2 and 3 come from DSPARK's first verify
-step (accepted draft, resampled or bonus token). Compared statistics: first token, first two tokens (joint), first
-three tokens (joint), each with Pearson's chi-square test of homogeneity on the 2 x K table, rare categories pooled
+ordinary sampler on both servers, a check of the test itself); tokens 2 and 3 come from DSPARK's first verify step
+(accepted draft, resampled or bonus token). Compared statistics: first token, first two tokens (joint), first three
+tokens (joint), each with Pearson's chi-square test of homogeneity on the 2 x K table, rare categories pooled
 (combined count < 10; ``sglang_dspark/testing/exactness.py``). Threshold: family-wise alpha = 1e-3, Bonferroni over
-every (configuration, statistic) pair: a pair passes when p > 1e-3 / (3 x #configurations). The control server's
-T = 1 sample (same N, same prompt) must FAIL the same test on the joint statistics (p below the same threshold).
-Penalty configurations run only when the penalties patch is registered by ``sglang_dspark/plugin.py``.
+every (server, configuration, statistic) triple: one passes when p > 1e-3 / (3 x #compared configurations). The
+control server's T = 1 sample (same N, same prompt) must FAIL the same test on the joint statistics (p below the
+same threshold). Penalty configurations run only when the penalties patch is registered by
+``sglang_dspark/plugin.py``.
+
+**NGRAM on the CPU** (``patches/cpu_tree_sampling.py``: SGLang verifies it by argmax at every temperature there; we
+sample with ``kernels/tree_sampling.py``). A fourth server, SGLang's NGRAM with 4 draft tokens, draws the same
+``N = 2000`` completions for the configurations in ``NGRAM_CONFIGS`` (temperature only, joint top-k + top-p, min_p)
+and is compared with the same no-spec sample, statistics and per-test threshold. Its verify steps must have
+accepted drafts (SGLang's NGRAM proposes from every request's tokens, so repeated prompts match).
 
 **Logprobs.** Greedy (T = 0), ``return_logprob`` with ``top_logprobs_num = 3``, fp32: DSPARK returns the same
 tokens as no-spec and every output-token logprob and top-3 logprob within 1e-4 absolute of no-spec's.
@@ -69,8 +77,10 @@ def _configs() -> dict[str, tuple[str, dict]]:
 
 
 CONFIGS = _configs()
-ALPHA = ALPHA_FAMILY / (len(CONFIGS) * len(STATISTICS))
+NGRAM_CONFIGS = ["T=1", "top_k=6,top_p=0.7", "min_p=0.1"]
+ALPHA = ALPHA_FAMILY / ((len(CONFIGS) + len(NGRAM_CONFIGS)) * len(STATISTICS))
 CONTROL_CONFIG = "T=1"
+NGRAM_ARGS = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]
 
 LOGPROB_PROMPTS = PROMPTS[:4]
 LOGPROB_PARAMS = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
@@ -129,19 +139,39 @@ def biased(tiny_pair, launch, dspark, tmp_path_factory):
         return sample_completions(server.url, prompt, params, N)
 
 
+@pytest.fixture(scope="module")
+def ngram(tiny_pair, launch):
+    with launch(tiny_pair.target_dir, [*NGRAM_ARGS, *SERVER_ARGS], max_total_tokens=MAX_TOTAL_TOKENS,
+                timeout=START_TIMEOUT) as server:
+        samples = {}
+        for name in NGRAM_CONFIGS:
+            prompt, params = CONFIGS[name]
+            samples[name] = sample_completions(server.url, prompt, params, N)
+        return {"samples": samples, "log": server.log_text()}
+
+
 def _report(label, results) -> str:
     return f"{label}: " + "; ".join(f"{stat}: {result}" for stat, result in results.items())
 
 
-@pytest.mark.parametrize("config", list(CONFIGS))
-def test_sampled_output_follows_nospec_distribution(config, nospec, dspark):
-    ours, reference = dspark["samples"][config], nospec["samples"][config]
+def _assert_follows_nospec(server: str, config: str, ours, reference) -> None:
     # The comparison must really cover speculation: verify steps ran and drafts were accepted.
     assert ours.verify_steps >= N and ours.accepted_drafts > 0, (ours.verify_steps, ours.accepted_drafts)
     results = compare(ours.ids, reference.ids)
-    print(_report(f"[{config}] DSPARK vs no-spec (alpha per test {ALPHA:.2g})", results))
+    print(_report(f"[{config}] {server} vs no-spec (alpha per test {ALPHA:.2g})", results))
     failed = {stat: result for stat, result in results.items() if not result.p_value > ALPHA}
-    assert not failed, _report(f"{config}: DSPARK differs from no-spec", failed)
+    assert not failed, _report(f"{config}: {server} differs from no-spec", failed)
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_sampled_output_follows_nospec_distribution(config, nospec, dspark):
+    _assert_follows_nospec("DSPARK", config, dspark["samples"][config], nospec["samples"][config])
+
+
+@pytest.mark.parametrize("config", NGRAM_CONFIGS)
+def test_ngram_sampled_output_follows_nospec_distribution(config, nospec, ngram):
+    _assert_follows_nospec("NGRAM", config, ngram["samples"][config], nospec["samples"][config])
+    assert "NGRAM / EAGLE verify samples on the CPU" in ngram["log"]
 
 
 def test_biased_control_is_rejected(nospec, biased):

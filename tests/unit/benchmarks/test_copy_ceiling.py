@@ -100,5 +100,27 @@ def test_saved_waves_replay_under_every_bound_without_a_server(tmp_path):
                               "--output", str(output)]) == 0
     level = json.loads(output.read_text())["levels"]["1"]
     assert set(level) == set(copy_ceiling.BOUNDS)
-    # The oracle's bounds nest: anywhere >= after the last token >= the served proposal's occurrence.
+    # The oracle's bounds nest: anywhere >= after the last token >= the served proposal's occurrence >= a length
+    # rule that does not know where the answer leaves the proposal.
     assert level["anchor_0"]["ceiling"] >= level["anchor_1"]["ceiling"] > level["served"]["ceiling"] > 1.0
+    assert level["served"]["ceiling"] >= level["served_rule"]["ceiling"]
+    assert set(level["served_rule"]["rule"]) == {str(b) for b in copy_ceiling.DEFAULT.match_buckets}
+
+
+def test_a_length_rule_pays_for_the_tokens_past_the_accepted_ones():
+    # The tail (1, 2) recurs; its proposal (3, 4, 9, 9, ...) matches the answer for two tokens (3, 4, then 7); the
+    # rest of the answer (5, 6, 0) recurs nowhere, so it comes one plain step (1.0) a token.
+    prompt, answer = [1, 2, 3, 4, 9, 9, 1, 2], [3, 4, 7, 5, 6, 0]
+    four = copy_ceiling.LengthRule((4, 4, 4, 4))
+    wave = copy_ceiling.oracle_wave([prompt], [answer], linear_costs(), max_chain=7, bound="served_rule", rule=four)
+    # The first step verifies four proposed tokens + the bonus (1.0 + 0.1 * 4) and commits 3, 4 and the bonus 7.
+    assert wave["chain_steps"] == 4 and wave["copied_tokens"] == 2
+    assert wave["oracle_trace_seconds"] == pytest.approx(1.4 + 3.0)
+    ideal = copy_ceiling.oracle_wave([prompt], [answer], linear_costs(), max_chain=7, bound="served")
+    assert ideal["oracle_trace_seconds"] == pytest.approx(1.2 + 3.0)  # only the accepted two verified
+    none = copy_ceiling.LengthRule((0, 0, 0, 0))
+    plain = copy_ceiling.oracle_wave([prompt], [answer], linear_costs(), max_chain=7, bound="served_rule", rule=none)
+    assert plain["chain_steps"] == 6 and plain["copied_tokens"] == 0
+    assert four.length(2) == 4 and copy_ceiling.LengthRule((1, 2, 3, 5)).length(5) == 3
+    with pytest.raises(ValueError, match="length rule"):
+        copy_ceiling.oracle_wave([prompt], [answer], linear_costs(), max_chain=7, bound="served", rule=four)

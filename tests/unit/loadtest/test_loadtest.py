@@ -877,23 +877,3 @@ def test_repeats_run_each_level_again_on_fresh_prompts_with_more_rounds():
     # The search climbs: levels ascending, each once.
     args = runner.parse_args(["--slo", "ttft=1s", "--find-max-load", "--concurrency", "8", "1", "4", "1"])
     assert [level["concurrency"] for level in runner.build_levels(args)] == [1, 4, 8]
-
-
-@pytest.mark.parametrize("device, temperature, algorithm, warned", [
-    ("cpu", [0.7], "NGRAM", True), ("cpu", [0.0, 0.7], "EAGLE3", True), ("cpu", [0.0], "NGRAM", False),
-    ("cuda", [0.7], "NGRAM", False), ("cpu", [0.7], "DSPARK", False)])
-def test_sampled_levels_against_a_server_that_verifies_by_argmax_on_a_cpu_are_flagged(
-        device, temperature, algorithm, warned):
-    # SGLang 0.5.23 commits the argmax for NGRAM / EAGLE verifies on a CPU at any temperature: its answers there are
-    # greedy text, an easier workload to copy, so a sampled level's ratio against it is no comparison.
-    levels = [{"concurrency": 1, "output_tok_s": 10.0, "temperature": t if len(temperature) > 1 else None}
-              for t in temperature]
-    result = {"settings": {"device": device, "temperature": temperature}, "configs": [
-        {"label": "no-spec", "levels": levels},
-        {"label": "other", "speculative_algorithm": algorithm, "levels": [dict(level) for level in levels]}]}
-    report.add_ratios(result)
-    note = report.cpu_greedy_verify_note(result)
-    assert bool(note) == warned
-    assert (note in report.summary_tables(result)) if warned else note == ""
-    if warned:
-        assert note.startswith("Not a comparison at T = 0.7: other on a CPU verifies by argmax")

@@ -69,7 +69,7 @@ def tree_speculative_sampling_target_only_torch(
     del deterministic
     if candidates.dim() != 2:
         raise ValueError(f"candidates must be (batch, nodes), got {tuple(candidates.shape)}")
-    bs, num_nodes = candidates.shape
+    bs = candidates.shape[0]
     if bs == 0:
         return
     max_accept = accept_index.shape[1] - 1
@@ -81,7 +81,9 @@ def tree_speculative_sampling_target_only_torch(
     coins = uniform_samples.tolist()
     child_probs = _child_probabilities(candidates, first_child, next_sibling, target_probs)
 
-    final_nodes, tried_children, bonus = [], [], []
+    # Host-side walk; the tensors are written once at the end.
+    written_at, written = [], []  # predicts positions and the accepted tokens that go there
+    final_nodes, last_positions, tried_children, bonus = [], [], [], []
     for b in range(bs):
         current, path = 0, [flat_index[b][0]]
         tried: list[int] = []
@@ -96,13 +98,15 @@ def tree_speculative_sampling_target_only_torch(
                 child = next_sibling[b][child]
             if child == -1:
                 break
-            predicts.view(-1)[path[-1]] = tokens[b][child]
+            written_at.append(path[-1])
+            written.append(tokens[b][child])
             current = child
             path.append(flat_index[b][child])
             tried = []
         accept_token_num.view(-1)[b] = len(path) - 1
         accept_index[b, : len(path)] = torch.tensor(path, dtype=accept_index.dtype)
         final_nodes.append(current)
+        last_positions.append(path[-1])
         tried_children.append(tried)
         bonus.append(len(path) - 1 == max_accept)
 
@@ -118,9 +122,9 @@ def tree_speculative_sampling_target_only_torch(
             removed[b, ids] = weights[b, ids]
     residual = (weights - removed).clamp_min(0.0)
     last = inverse_cdf_draw(residual, uniform_samples_for_final_sampling.reshape(-1)[:bs])
-    for b, token in enumerate(last.tolist()):
-        predicts.view(-1)[int(accept_index[b, int(accept_token_num.view(-1)[b])])] = token
-
+    flat_predicts = predicts.view(-1)
+    flat_predicts[torch.tensor(written_at + last_positions, dtype=torch.long)] = torch.cat(
+        [torch.tensor(written, dtype=torch.long), last]).to(predicts.dtype)
 
 def _child_probabilities(candidates, first_child, next_sibling, target_probs) -> list[list[float]]:
     """``[b][n]``: the target probability of node ``n``'s token in its parent's row (0.0 for the root and for a

@@ -29,6 +29,7 @@ token follows the target's law (the tests: ``tests/unit/kernels/test_tree_sampli
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import logging
 
@@ -66,9 +67,14 @@ def _filters_needed(sampling_info) -> bool:
                 or sampling_info.need_min_p_sampling)
 
 
+@functools.cache
+def _signature(function) -> inspect.Signature:
+    return inspect.signature(function)  # once, not every verify step
+
+
 def eagle_sample_exact_on_cpu(original, *args, **kwargs):
     """AROUND ``eagle_sample``: a CPU batch that samples runs with the exact target law (module docstring)."""
-    bound = inspect.signature(original).bind(*args, **kwargs)
+    bound = _signature(original).bind(*args, **kwargs)
     batch = bound.arguments["batch"]
     info = batch.sampling_info
     if str(batch.device) != "cpu" or info is None or info.is_all_greedy:

@@ -72,19 +72,23 @@ def level_intervals(level: dict, ref: dict, seed: int = 0) -> dict:
     rounds = _round_count(level)
     mine = slo_maths.records_from_columns(level.get("request_timings"))
     theirs = slo_maths.records_from_columns(ref.get("request_timings"))
-    for name, speed in (("per_user_tok_s_ratio", slo_maths.decode_speed),
-                        ("per_user_e2e_tok_s_ratio", slo_maths.e2e_speed)):
+    for name, speed, statistic in (("per_user_tok_s_ratio", slo_maths.decode_speed, None),
+                                   ("per_user_e2e_tok_s_ratio", slo_maths.e2e_speed, None),
+                                   ("sustained_tok_s_ratio", slo_maths.tokens_and_latency,
+                                    slo_maths.pooled_sustained_rate)):
         interval = None
-        if mine and theirs and rounds >= 2 and rounds == _round_count(ref):
+        if mine and theirs and rounds >= 2 and rounds == _round_count(ref) and (
+                name != "sustained_tok_s_ratio" or level.get("sustained_tok_s") is not None):
             interval = slo_maths.bootstrap_pooled_ratio_interval(slo_maths.per_round_values(mine, rounds, speed),
                                                                  slo_maths.per_round_values(theirs, rounds, speed),
-                                                                 seed=seed)
+                                                                 seed=seed, statistic=statistic)
         intervals[name] = interval
     return {name: list(value) if value else None for name, value in intervals.items()}
 
 
 def add_ratios(result: dict) -> dict:
-    """Per level, each configuration's output tok/s, per-user tok/s and per-user end-to-end tok/s divided by the first configuration's
+    """Per level, each configuration's output tok/s, per-user tok/s, per-user end-to-end tok/s and sustained tok/s
+    (:func:`sustained_tok_s`, set here) divided by the first configuration's
     (measured in the same run: the only comparison these noisy machines support), each with its interval
     (``intervals``: bootstrap over the level's paired rounds, :func:`level_intervals`), and at temperature 0 how many
     of its answers are the same text as the first configuration's (``same_output``: every lossless configuration must
@@ -97,8 +101,11 @@ def add_ratios(result: dict) -> dict:
     result["interval_method"] = interval_method(_seed(result))
     for config in configs:
         for level in config.get("levels", []):
+            level["sustained_tok_s"] = sustained_tok_s(level, (result.get("settings") or {}).get("max_total_tokens"))
+    for config in configs:
+        for level in config.get("levels", []):
             ref = base.get(level_key(level)) or {}
-            for name in ("output_tok_s", "per_user_tok_s", "per_user_e2e_tok_s"):
+            for name in ("output_tok_s", "per_user_tok_s", "per_user_e2e_tok_s", "sustained_tok_s"):
                 mine, theirs = level.get(name), ref.get(name)
                 level[f"{name}_ratio"] = mine / theirs if mine is not None and theirs else None
             level["round_ratios"] = round_ratios(level.get("round_output_tok_s"), ref.get("round_output_tok_s"))
@@ -109,6 +116,23 @@ def add_ratios(result: dict) -> dict:
                 pairs = [(a, b) for a, b in zip(mine, theirs) if a is not None and b is not None]
                 level["same_output"] = [sum(a == b for a, b in pairs), len(pairs)]
     return result
+
+
+def sustained_tok_s(level: dict, pool_tokens: int | None = None) -> float | None:
+    """A concurrency level's sustained output tok/s: its concurrency × ``slo.sustained_rate`` of its requests (what
+    its clients would get if they never ran out of prompts: no drain at a round's end). None for a request-rate level,
+    one that kept no ``request_timings``, and one whose requests the server could not hold at once (concurrency ×
+    mean prompt + output tokens over ``pool_tokens``, the servers' ``--max-total-tokens`` where the run knows it): a
+    queue at the server makes a wave's mean latency a transient (the first requests served wait for nobody), not the
+    steady state Little's law reads."""
+    concurrency, completed = level.get("concurrency"), level.get("completed")
+    if not concurrency or level.get("request_rate") is not None:
+        return None
+    if pool_tokens and completed and concurrency * (
+            (level.get("input_tokens") or 0) + (level.get("output_tokens") or 0)) / completed > pool_tokens:
+        return None
+    rate = slo_maths.sustained_rate(slo_maths.records_from_columns(level.get("request_timings")))
+    return None if rate is None else concurrency * rate
 
 
 def round_ratios(mine: list | None, theirs: list | None) -> list[float] | None:
@@ -349,19 +373,23 @@ def _level_by_key(config: dict) -> dict[str, dict]:
     return {level_key(level): level for level in config.get("levels", [])}
 
 
-def comparison_table(result: dict) -> str:
-    """Configurations by level, the table a README shows: the baseline's output tok/s, every other configuration's
-    ratio to it with the interval and the resolved mark, the control row marked as the noise floor; with an SLO, a
-    last column of the users (or requests per second) per server it allows (:func:`max_load_cell`)."""
+COMPARED = {"output_tok_s": "output tok/s", "sustained_tok_s": "sustained tok/s (no drain, Little's law)"}
+
+
+def comparison_table(result: dict, name: str = "output_tok_s") -> str:
+    """Configurations by level, the table a README shows: the baseline's ``name`` (:data:`COMPARED`: output tok/s,
+    or the sustained tok/s of :func:`sustained_tok_s`), every other configuration's ratio to it with the interval and
+    the resolved mark, the control row marked as the noise floor; with an SLO (output tok/s only), a last column of
+    the users (or requests per second) per server it allows (:func:`max_load_cell`)."""
     levels = ordered_levels(result)
     configs = result.get("configs") or []
     if not levels or not configs:
         return ""
     baseline = result.get("baseline") or configs[0].get("label")
-    spec = result.get("slo")
+    spec = result.get("slo") if name == "output_tok_s" else None
     rate_mode = (result.get("settings") or {}).get("mode") == "request_rate"
     capacity = ("req/s" if rate_mode else "users") + " per server at the SLO"
-    header = [f"output tok/s, × {baseline} (95 % CI)", *(level_key(level) for level in levels)]
+    header = [f"{COMPARED[name]}, × {baseline} (95 % CI)", *(level_key(level) for level in levels)]
     header += [capacity] if spec else []
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(["---"] * len(header)) + " |"]
     control = control_config(result)
@@ -377,9 +405,9 @@ def comparison_table(result: dict) -> str:
             if mine is None:
                 cells.append("–")
             elif index == 0:
-                cells.append(f"{_fmt(mine.get('output_tok_s'))} tok/s")
+                cells.append(f"{_fmt(mine.get(name))} tok/s")
             else:
-                cells.append(ratio_cell(mine))
+                cells.append(ratio_cell(mine, f"{name}_ratio"))
         if spec:
             entries = loads.get(config["label"]) or []
             cells.append("; ".join(
@@ -506,7 +534,8 @@ def slo_table(result: dict) -> str:
 def summary_tables(result: dict) -> str:
     """What the load test prints: the main table (with the legend of its intervals where there are any), the
     per-source table where the run used prompt lookup, and with an SLO the goodput table and the users per server;
-    then, where there are intervals or an SLO, the comparison table (configurations by level)."""
+    then, where there are intervals or an SLO, the comparison table (configurations by level), and where levels ran
+    at a concurrency, the same table of sustained tok/s (:func:`sustained_tok_s`)."""
     parts = [markdown_table(result)]
     if _has_intervals(result):
         parts[0] += "\n\n" + interval_legend(result)
@@ -515,7 +544,16 @@ def summary_tables(result: dict) -> str:
             parts.append(part)
     if _has_intervals(result) or result.get("slo"):
         parts.append(comparison_table(result))
+    if any(level.get("sustained_tok_s") for config in result.get("configs", []) for level in config.get("levels", [])):
+        parts.append(comparison_table(result, "sustained_tok_s") + "\n\n" + SUSTAINED_LEGEND)
     return "\n\n".join(parts)
+
+
+SUSTAINED_LEGEND = (
+    "Sustained: concurrency × Σ output tokens / Σ request latency (Little's law), what each level's clients would get "
+    "if they never ran out of prompts. Output tok/s above also counts each round's drain, clients idle while the "
+    "last requests finish; requests that finish out of step (speculation) drain longer than requests in lockstep. "
+    "\"–\" where the level's requests did not fit the KV pool at once (a queue at the server: no steady state).")
 
 
 def write_png(result: dict, path: str | Path) -> Path:

@@ -226,6 +226,28 @@ def e2e_speed(record: RequestRecord) -> float | None:
     return record.output_tokens / (record.e2e_ms / 1000) if record.e2e_ms else None
 
 
+def sustained_rate(records: Sequence[RequestRecord]) -> float | None:
+    """Output tokens per second of latency over the completed requests, Σ tokens / Σ end-to-end seconds. By Little's
+    law a closed loop of c clients that always have a request outstanding gets c × this: what a level would give if
+    its clients never ran out of prompts. A level's own output tok/s also counts its drain (clients idle at a round's
+    end while the last requests finish), which a steady load never has and which grows with how far apart requests
+    finish, not with how fast the server serves them. None without a completed request."""
+    import numpy as np
+
+    rows = [value for r in records if r.ok for value in [tokens_and_latency(r)] if value is not None]
+    return pooled_sustained_rate(np.asarray(rows)) if rows else None
+
+
+def tokens_and_latency(record: RequestRecord) -> tuple[float, float] | None:
+    """``(tokens, end-to-end seconds)`` of a completed request: :func:`sustained_rate`'s per-request values."""
+    return (float(record.output_tokens), record.e2e_ms / 1000) if record.ok and record.e2e_ms else None
+
+
+def pooled_sustained_rate(values) -> float:
+    """:func:`sustained_rate` of pooled ``[n, 2]`` (tokens, seconds) rows (a bootstrap statistic)."""
+    return float(values[:, 0].sum() / values[:, 1].sum())
+
+
 # ------------------------------------------------------------------------------------------------ intervals
 
 
@@ -254,15 +276,18 @@ def bootstrap_ratio_interval(mine: Sequence[float | None], base: Sequence[float 
     return float(low), float(high)
 
 
-def bootstrap_pooled_ratio_interval(mine: Sequence[Sequence[float]], base: Sequence[Sequence[float]], *,
+def bootstrap_pooled_ratio_interval(mine: Sequence[Sequence], base: Sequence[Sequence], *,
                                     confidence: float = INTERVAL_CONFIDENCE, resamples: int = INTERVAL_RESAMPLES,
-                                    seed: int = 0) -> tuple[float, float] | None:
-    """The ``confidence`` interval of ``median(mine) / median(base)`` where each side pools its requests' values over
-    the level's rounds (``mine[i]``: round i's values; round i of both ran back to back): the statistic the table
-    prints, so its interval is of that same number. Each of ``resamples`` draws takes the round indices with
-    replacement (seeded), pools the drawn rounds of each side (a round drawn twice counts twice) and takes the ratio
-    of medians; the draws' central percentiles. None unless two or more rounds have values on both sides."""
+                                    seed: int = 0, statistic=None) -> tuple[float, float] | None:
+    """The ``confidence`` interval of ``statistic(mine) / statistic(base)`` (default the median) where each side
+    pools its requests' values over the level's rounds (``mine[i]``: round i's values; round i of both ran back to
+    back): the statistic the table prints, so its interval is of that same number. Each of ``resamples`` draws takes
+    the round indices with replacement (seeded), pools the drawn rounds of each side (a round drawn twice counts
+    twice) and takes the ratio; the draws' central percentiles. None unless two or more rounds have values on both
+    sides. ``statistic``: of a pooled array (rows of tuples pool as an ``[n, k]`` array)."""
     import numpy as np
+
+    statistic = statistic or np.median
 
     if len(mine) != len(base):
         return None
@@ -272,9 +297,9 @@ def bootstrap_pooled_ratio_interval(mine: Sequence[Sequence[float]], base: Seque
     draws = np.random.default_rng(seed).integers(0, len(pairs), size=(resamples, len(pairs)))
     ratios = []
     for draw in draws:
-        denominator = float(np.median(np.concatenate([pairs[i][1] for i in draw])))
+        denominator = float(statistic(np.concatenate([pairs[i][1] for i in draw])))
         if denominator > 0:
-            ratios.append(float(np.median(np.concatenate([pairs[i][0] for i in draw]))) / denominator)
+            ratios.append(float(statistic(np.concatenate([pairs[i][0] for i in draw]))) / denominator)
     if not ratios:
         return None
     tail = (1 - confidence) / 2

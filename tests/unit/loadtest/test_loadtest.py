@@ -592,6 +592,41 @@ def test_the_table_shows_requests_in_flight_and_end_to_end_speed_beside_throughp
     assert [c.strip() for c in base.strip("|").split("|")][columns.index("in flight")] == "100 %"
 
 
+def test_sustained_throughput_leaves_out_the_drain_that_out_of_step_requests_add():
+    """Two rounds of 4 requests at c = 2, 64 tokens each. The baseline runs in lockstep (every request 4 s, each round
+    8 s: no drain); the speculative server serves every request faster on average (2, 2, 2, 5 s) but its rounds end
+    on the slow one, so its output tok/s reads the drain (rounds of 7 s: 64 / 56 ≈ 1.14×) where its sustained tok/s
+    (2 × 64 / mean latency) reads 4 / 2.75 ≈ 1.45×; the baseline's sustained equals its output tok/s. A request-rate
+    level has none, nor a level whose requests did not fit the server's KV pool at once."""
+    def level(latencies_s, round_s):
+        rounds = [0] * 4 + [1] * 4
+        timings = {"ok": [True] * 8, "ttft_ms": [100.0] * 8, "tpot_ms": [10.0] * 8,
+                   "e2e_ms": [1000.0 * t for t in latencies_s * 2], "output_tokens": [64] * 8, "round": rounds}
+        return {"concurrency": 2, "output_tok_s": 512 / (2 * round_s), "round_output_tok_s": [256 / round_s] * 2,
+                "round_duration_s": [round_s] * 2, "request_timings": timings}
+
+    result = {"settings": {"seed": 0}, "configs": [
+        {"label": "no-spec", "name": "no-spec", "levels": [level([4.0, 4.0, 4.0, 4.0], 8.0)]},
+        {"label": "DSPARK", "name": "dspark", "levels": [level([2.0, 2.0, 2.0, 5.0], 7.0)]},
+        {"label": "rate", "name": "rate", "levels": [{"request_rate": 2.0, "concurrency": None, "output_tok_s": 1.0}]},
+    ]}
+    report.add_ratios(result)
+    base, spec = result["configs"][0]["levels"][0], result["configs"][1]["levels"][0]
+    assert base["sustained_tok_s"] == pytest.approx(base["output_tok_s"]) == pytest.approx(32.0)
+    assert spec["output_tok_s_ratio"] == pytest.approx(8 / 7)
+    assert spec["sustained_tok_s"] == pytest.approx(2 * 64 / 2.75) and spec["sustained_tok_s_ratio"] == pytest.approx(
+        4 / 2.75)
+    assert spec["intervals"]["sustained_tok_s_ratio"] == pytest.approx([4 / 2.75, 4 / 2.75])
+    assert result["configs"][2]["levels"][0]["sustained_tok_s"] is None
+    queued = dict(spec, completed=8, input_tokens=8 * 200, output_tokens=8 * 64)  # 2 × 264 tokens held at once
+    assert report.sustained_tok_s(queued, pool_tokens=528) == pytest.approx(spec["sustained_tok_s"])
+    assert report.sustained_tok_s(queued, pool_tokens=527) is None  # a queue at the server: no steady state
+    text = report.summary_tables(result)
+    assert "| sustained tok/s (no drain, Little's law), × no-spec (95 % CI) | c=2 |" in text
+    assert "| no-spec | 32.0 tok/s |" in text and "| DSPARK | 1.45 (1.45–1.45) ▲ |" in text
+    assert report.SUSTAINED_LEGEND in text
+
+
 # ------------------------------------------------------------------------------------------------ per proposal source
 
 

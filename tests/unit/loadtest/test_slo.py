@@ -166,6 +166,23 @@ def test_the_pooled_interval_is_of_the_printed_median():
     assert slo.bootstrap_pooled_ratio_interval([[1.0], [2.0]], [[0.0], [0.0]]) is None
 
 
+def test_sustained_rate_is_tokens_over_latency_and_its_interval_is_of_that_number():
+    """Σ tokens / Σ seconds over completed requests (failed ones and zero latencies left out); the pooled interval
+    with that statistic resamples rounds of (tokens, seconds) rows and holds the point estimate."""
+    records = [slo.RequestRecord(True, 100.0, 10.0, 2000.0, 64), slo.RequestRecord(True, 100.0, 20.0, 6000.0, 64),
+               slo.RequestRecord(False), slo.RequestRecord(True, None, None, None, 5)]
+    assert slo.sustained_rate(records) == pytest.approx(128 / 8.0)
+    assert slo.sustained_rate([slo.RequestRecord(False)]) is None
+    mine = [[(64.0, 2.0), (64.0, 6.0)], [(64.0, 4.0)], [(32.0, 1.0), (64.0, 3.0)]]
+    base = [[(64.0, 4.0), (64.0, 4.0)], [(64.0, 4.0)], [(64.0, 4.0), (64.0, 4.0)]]
+    point = (sum(t for r in mine for t, _ in r) / sum(s for r in mine for _, s in r)) / 16.0
+    low, high = slo.bootstrap_pooled_ratio_interval(mine, base, statistic=slo.pooled_sustained_rate, seed=2)
+    assert low <= point <= high and low < high
+    assert slo.bootstrap_pooled_ratio_interval(base, base, statistic=slo.pooled_sustained_rate) == pytest.approx(
+        (1.0, 1.0))
+    assert slo.tokens_and_latency(records[0]) == (64.0, 2.0) and slo.tokens_and_latency(records[2]) is None
+
+
 def test_bootstrap_interval_covers_a_true_ratio_of_one_most_of_the_time():
     """Two identical servers on a drifting machine (each round's speed drawn anew, ±10 % noise per server): over 300
     simulated runs of 8 rounds, the 95 % interval holds the true ratio 1.0 in at least 85 % of them (a percentile

@@ -262,7 +262,7 @@ class LookupSource:
         return {"scope": self.shared_scope, "requests": shared.requests, "tokens": len(shared),
                 "capacity_tokens": shared.capacity, "entries": shared.entries, "scopes": shared.scopes,
                 "evicted_scopes": shared.evicted_scopes, "proposals": self.shared_proposals,
-                # Of all rows with a proposal, the share the cache made (own context had a shorter match or none).
+                # Of all rows with a proposal, the share the cache made (rows whose own context proposed nothing).
                 "hit_rate": round(self.shared_proposals / self.proposals, 4) if self.proposals else None,
                 "rows": self.shared_rows, "verified": self.shared_verified, "accepted": self.shared_accepted,
                 "accept_length": round(1.0 + self.shared_accepted / self.shared_rows, 4) if self.shared_rows

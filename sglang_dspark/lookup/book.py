@@ -13,8 +13,11 @@ per call, fewest pending first, so a long prompt is indexed over several steps a
 request that has not caught up gets no proposal and counts as no match.
 
 With a shared suffix cache (``shared_index.SharedIndices``), a request whose index the book drops hands its tokens
-to the cache under its scope key, and a row whose own context matches a shorter tail than the cache (or none) gets
-the cache's proposal instead, tagged :data:`~sglang_dspark.lookup.calibration.SHARED` (its own calibration bucket).
+to the cache under its scope key, and a row whose own context has no recurring tail gets the cache's proposal,
+tagged :data:`~sglang_dspark.lookup.calibration.SHARED` (its own calibration bucket). A row with a proposal of its
+own keeps it, even where the cache matches a longer tail: another request's text predicts a row's continuation worse
+than the row's own context does (another user's sampled answer above all), and a weaker chain in its place is one
+the chooser declines, so the row loses the chain it had.
 
 Proposals are read from the tokens the scheduler holds on the host: they are current on a step that runs after the
 previous result was processed (``patches/lookup_current_tokens.py``); where they are not, a proposal may be off by a
@@ -115,7 +118,7 @@ class LookupBook:
     def propose(self, requests: Sequence[Optional[Request]], gamma: int) -> BatchProposals:
         """Proposals of up to ``gamma`` tokens for ``(rid, prompt, output[, scope])`` rows, in batch order (None: a
         row that gets no proposal this step; its index is left as it is), indexed within one call's budget (module
-        docstring); from the shared cache where it matches a longer tail than the row's own context."""
+        docstring); from the shared cache where the row's own context proposes nothing."""
         rows = len(requests)
         tokens = torch.zeros(rows, gamma, dtype=torch.int64)
         lengths = torch.zeros(rows, dtype=torch.int64)
@@ -127,10 +130,9 @@ class LookupBook:
             shared.catch_up()
         for row, index in self._catch_up(indexed):
             proposal: Optional[LookupProposal] = index.propose(gamma)
-            if shared is not None and (proposal is None or proposal.match_len < self.max_ngram):
-                other = shared.propose(self._scopes.get(requests[row][0]), index.recent(self.max_ngram), gamma)
-                if other is not None and (proposal is None or other.match_len > proposal.match_len):
-                    proposal, sources[row] = other, SHARED
+            if shared is not None and proposal is None:
+                proposal = shared.propose(self._scopes.get(requests[row][0]), index.recent(self.max_ngram), gamma)
+                sources[row] = SHARED
             if proposal is None:
                 continue
             count = len(proposal.tokens)

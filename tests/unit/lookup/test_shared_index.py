@@ -137,16 +137,19 @@ def test_a_finished_request_proposes_for_the_next_one_tagged_shared():
     assert alone.lengths.tolist() == [0]  # without the cache the request has nothing to copy from
 
 
-def test_the_own_context_wins_a_tie_and_the_cache_a_longer_match():
+def test_a_row_with_its_own_proposal_keeps_it_and_the_cache_fills_rows_without_one():
     book = LookupBook(CONFIG, SharedIndices(CONFIG), server_scope)
     book.propose([("old", [1, 2, 3, 4, 5, 6, 90], [], None)], 4)
     book.retain([])
     own_tie = book.propose([("a", [2, 3, 77, 2, 3], [], None)], 2)
     assert own_tie.sources.tolist() == [OWN] and own_tie.tokens[0].tolist() == [77, 2]
     longer = book.propose([("b", [5, 6, 50, 4, 5, 6], [], None)], 2)  # own: "5 6" -> 50; shared: "4 5 6" -> 90
-    assert longer.sources.tolist() == [SHARED] and longer.tokens[0].tolist() == [90, 0]
-    assert longer.match_lens.tolist() == [3] and longer.lengths.tolist() == [1]
-    capped = longer.capped(torch.tensor([0]))
+    assert longer.sources.tolist() == [OWN] and longer.tokens[0].tolist() == [50, 4]  # the own match stays
+    assert longer.match_lens.tolist() == [2] and longer.lengths.tolist() == [2]
+    none_own = book.propose([("c", [7, 8], [4, 5, 6], None)], 2)  # no recurring tail of its own
+    assert none_own.sources.tolist() == [SHARED] and none_own.tokens[0].tolist() == [90, 0]
+    assert none_own.match_lens.tolist() == [3] and none_own.lengths.tolist() == [1]
+    capped = none_own.capped(torch.tensor([0]))
     assert capped.sources.tolist() == [OWN] and capped.lengths.tolist() == [0]
 
 

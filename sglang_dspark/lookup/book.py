@@ -132,7 +132,8 @@ class LookupBook:
             proposal: Optional[LookupProposal] = index.propose(gamma)
             if shared is not None and proposal is None:
                 proposal = shared.propose(self._scopes.get(requests[row][0]), index.recent(self.max_ngram), gamma)
-                sources[row] = SHARED
+                if proposal is not None:
+                    sources[row] = SHARED
             if proposal is None:
                 continue
             count = len(proposal.tokens)

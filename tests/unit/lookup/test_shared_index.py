@@ -149,6 +149,8 @@ def test_a_row_with_its_own_proposal_keeps_it_and_the_cache_fills_rows_without_o
     none_own = book.propose([("c", [7, 8], [4, 5, 6], None)], 2)  # no recurring tail of its own
     assert none_own.sources.tolist() == [SHARED] and none_own.tokens[0].tolist() == [90, 0]
     assert none_own.match_lens.tolist() == [3] and none_own.lengths.tolist() == [1]
+    nothing = book.propose([("d", [7, 8], [9, 10], None)], 2)  # no match anywhere: no proposal, source left OWN
+    assert nothing.lengths.tolist() == [0] and nothing.sources.tolist() == [OWN]
     capped = none_own.capped(torch.tensor([0]))
     assert capped.sources.tolist() == [OWN] and capped.lengths.tolist() == [0]
 
